@@ -1,0 +1,1 @@
+"""gpuyard infrastructure: the Pulumi program and its typed configuration."""

@@ -1,0 +1,1 @@
+"""gpuyard jobs: job specs, renderers per kind, the reference DDP workload and the CLI."""
