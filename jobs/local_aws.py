@@ -1,0 +1,85 @@
+"""A real local AWS endpoint: ``moto_server`` on 127.0.0.1, as a subprocess.
+
+Used by ``gpuyard demo`` (no cloud account) and by the tests. ``stop()`` and
+``start()`` keep the same port, so a test can take the endpoint away for a while.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HOST = "127.0.0.1"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _moto_command() -> list[str]:
+    beside_python = Path(sys.executable).with_name("moto_server")
+    found = beside_python if beside_python.exists() else shutil.which("moto_server")
+    if not found:
+        raise RuntimeError("moto_server not found: pip install 'moto[server]'")
+    return [str(found)]
+
+
+class LocalAWS:
+    """moto_server on 127.0.0.1; ``env`` points boto3 (and child processes) at it."""
+
+    def __init__(self, port: int | None = None, log_path: Path | None = None):
+        self.port = port or free_port()
+        self.log_path = log_path
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables that make boto3 talk to this endpoint with dummy credentials."""
+        return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint_url}
+
+    def start(self, timeout: float = 30.0) -> "LocalAWS":
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._process = subprocess.Popen(
+            [*_moto_command(), "-H", HOST, "-p", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self._process.returncode} on port {self.port}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto_server did not answer on {self.endpoint_url} within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self._process and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def __enter__(self) -> "LocalAWS":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
