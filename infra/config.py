@@ -7,9 +7,10 @@ source of truth. Components and renderers never read raw config themselves.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -59,6 +60,152 @@ class Team(Frozen):
         return self
 
 
+# Instance type families (the part before the first dot) the cluster knows how to run.
+GPU_FAMILIES = frozenset({"g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
+EFA_FAMILIES = frozenset({"g6e", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
+CPU_FAMILIES = frozenset({"c6i", "c7i", "m5", "m6a", "m6i", "m7a", "m7i", "r6i", "r7i", "t3"})
+CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+
+
+def instance_family(instance_type: str) -> str:
+    return instance_type.split(".", 1)[0]
+
+
+def _check_families(instance_types: tuple[str, ...], known: frozenset[str], kind: str) -> None:
+    for instance_type in instance_types:
+        if instance_family(instance_type) not in known:
+            raise ValueError(
+                f"unknown {kind} instance type family {instance_family(instance_type)!r} in {instance_type!r} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+
+
+class NetworkConfig(Frozen):
+    """The VPC: its CIDR, how many AZs it spans and whether each AZ gets its own NAT gateway."""
+
+    cidr: str = "10.0.0.0/16"
+    az_count: Annotated[int, Field(ge=2, le=6)] = 2
+    nat: Literal["single", "per_az"] = "single"
+
+    @model_validator(mode="after")
+    def _cidr_fits_subnets(self) -> "NetworkConfig":
+        try:
+            network = ipaddress.ip_network(self.cidr)
+        except ValueError:
+            raise ValueError(f"cidr {self.cidr!r} is not an IPv4 network") from None
+        if network.version != 4 or network.prefixlen > 20:
+            raise ValueError(f"cidr {self.cidr!r} must be IPv4 and /20 or larger (one /24 public and /22 private per AZ)")
+        return self
+
+
+class NodeGroupConfig(Frozen):
+    """A managed node group: instance types and a min <= desired <= max size."""
+
+    name: Label
+    instance_types: Annotated[tuple[str, ...], Field(min_length=1)]
+    min_size: Annotated[int, Field(ge=0)] = 1
+    desired_size: Annotated[int, Field(ge=0)] = 1
+    max_size: Annotated[int, Field(ge=1)] = 3
+    disk_gib: Annotated[int, Field(ge=20, le=16384)] = 100
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sizes_ordered(self) -> "NodeGroupConfig":
+        if self.min_size > self.max_size:
+            raise ValueError(f"node group {self.name!r}: min_size {self.min_size} > max_size {self.max_size}")
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"node group {self.name!r}: desired_size {self.desired_size} outside "
+                f"[{self.min_size}, {self.max_size}]"
+            )
+        return self
+
+
+class SystemNodeGroupConfig(NodeGroupConfig):
+    """CPU nodes for the controllers (Karpenter, Volcano, operators, monitoring)."""
+
+    name: Label = "system"
+    instance_types: Annotated[tuple[str, ...], Field(min_length=1)] = ("m6i.xlarge",)
+    min_size: Annotated[int, Field(ge=1)] = 2
+    desired_size: Annotated[int, Field(ge=1)] = 2
+
+    @model_validator(mode="after")
+    def _cpu_families(self) -> "SystemNodeGroupConfig":
+        _check_families(self.instance_types, CPU_FAMILIES, "CPU")
+        return self
+
+
+class GpuNodeGroupConfig(NodeGroupConfig):
+    """GPU nodes, tainted; with ``efa`` they get EFA interfaces in one AZ and a cluster placement group."""
+
+    min_size: Annotated[int, Field(ge=0)] = 0
+    desired_size: Annotated[int, Field(ge=0)] = 0
+    efa: bool = False
+
+    @model_validator(mode="after")
+    def _gpu_families(self) -> "GpuNodeGroupConfig":
+        _check_families(self.instance_types, GPU_FAMILIES, "GPU")
+        if self.efa:
+            _check_families(self.instance_types, EFA_FAMILIES, "EFA-capable GPU")
+        return self
+
+
+class ClusterConfig(Frozen):
+    """The EKS control plane, its endpoint access and its managed node groups."""
+
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.(29|3[0-9])$")] = "1.33"
+    endpoint_public: bool = True
+    endpoint_private: bool = True
+    public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    log_types: tuple[Literal[CONTROL_PLANE_LOGS], ...] = CONTROL_PLANE_LOGS
+    admin_role_arns: tuple[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$")], ...] = ()
+    system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
+    gpu_node_groups: tuple[GpuNodeGroupConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterConfig":
+        if not (self.endpoint_public or self.endpoint_private):
+            raise ValueError("endpoint_public and endpoint_private are both false: the API would be unreachable")
+        names = [self.system_node_group.name] + [group.name for group in self.gpu_node_groups]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate node group name {duplicates[0]!r}")
+        return self
+
+
+class KarpenterConfig(Frozen):
+    """What Karpenter may launch: instance families per NodePool and the pools' limits."""
+
+    gpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("g5", "g6", "g6e", "p4d", "p5")
+    cpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("c7i", "m7i", "r7i")
+    gpu_limit: Annotated[int, Field(ge=0)] = 64
+    cpu_limit: Annotated[int, Field(ge=1)] = 1000
+    spot: bool = True
+
+    @model_validator(mode="after")
+    def _known_families(self) -> "KarpenterConfig":
+        for family in self.gpu_families:
+            if family not in GPU_FAMILIES:
+                raise ValueError(f"unknown GPU instance type family {family!r} (known: {', '.join(sorted(GPU_FAMILIES))})")
+        for family in self.cpu_families:
+            if family not in CPU_FAMILIES:
+                raise ValueError(f"unknown CPU instance type family {family!r} (known: {', '.join(sorted(CPU_FAMILIES))})")
+        return self
+
+
+class AddonsConfig(Frozen):
+    """Optional add-ons; the rest (Volcano, operators, monitoring) is always installed."""
+
+    trainer_v2: bool = False
+
+
+class StorageConfig(Frozen):
+    """Checkpoint bucket lifecycle."""
+
+    noncurrent_days: Annotated[int, Field(ge=1)] = 30
+    force_destroy: bool = False
+
+
 class StackConfig(Frozen):
     """Everything a stack configures; ``teams`` is the tenant list."""
 
@@ -68,6 +215,11 @@ class StackConfig(Frozen):
     image_registry: str | None = None
     image_tag: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")] = "0.1.0"
     teams: tuple[Team, ...] = ()
+    network: NetworkConfig = NetworkConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    karpenter: KarpenterConfig = KarpenterConfig()
+    addons: AddonsConfig = AddonsConfig()
+    storage: StorageConfig = StorageConfig()
 
     @model_validator(mode="after")
     def _unique_teams(self) -> "StackConfig":
