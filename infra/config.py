@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROJECT = "gpuyard"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -94,7 +94,7 @@ class NetworkConfig(Frozen):
         except ValueError:
             raise ValueError(f"cidr {self.cidr!r} is not an IPv4 network") from None
         if network.version != 4 or network.prefixlen > 20:
-            raise ValueError(f"cidr {self.cidr!r} must be IPv4 and /20 or larger (one /24 public and /22 private per AZ)")
+            raise ValueError(f"cidr {self.cidr!r} must be an IPv4 network of /20 or larger")
         return self
 
 
@@ -206,6 +206,14 @@ class StorageConfig(Frozen):
     force_destroy: bool = False
 
 
+class Lease(Frozen):
+    """Owner and expiry of a short-lived stack (``gpuyard:lease``, written by ``gpuyard env create``)."""
+
+    owner: Annotated[str, Field(min_length=1, max_length=64)]
+    team: Label | None = None
+    expires_at: AwareDatetime
+
+
 class StackConfig(Frozen):
     """Everything a stack configures; ``teams`` is the tenant list."""
 
@@ -220,6 +228,7 @@ class StackConfig(Frozen):
     karpenter: KarpenterConfig = KarpenterConfig()
     addons: AddonsConfig = AddonsConfig()
     storage: StorageConfig = StorageConfig()
+    lease: Lease | None = None
 
     @model_validator(mode="after")
     def _unique_teams(self) -> "StackConfig":

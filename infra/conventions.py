@@ -40,3 +40,7 @@ METRICS_PORT_NAME = "metrics"
 
 # Container images built from images/<name>/Dockerfile, one ECR repository each.
 IMAGE_NAMES = ("ddp", "mpi", "ray")
+
+# AWS tag on every resource the Pulumi stack creates (provider default_tags, value: the stack name).
+# `gpuyard env cleanup` deletes what Kubernetes and Karpenter left for a cluster and never a resource with this tag.
+TAG_STACK = "gpuyard:stack"
