@@ -229,6 +229,15 @@ class StackConfig(Frozen):
     addons: AddonsConfig = AddonsConfig()
     storage: StorageConfig = StorageConfig()
     lease: Lease | None = None
+    # S3 bucket for every team's checkpoints (teams write under their checkpoint_prefix);
+    # defaults to "<cluster_name>-checkpoints". The stack creates it, the job templates point at it.
+    checkpoint_bucket: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] | None = None
+
+    @model_validator(mode="after")
+    def _default_checkpoint_bucket(self) -> "StackConfig":
+        if self.checkpoint_bucket is None:
+            object.__setattr__(self, "checkpoint_bucket", f"{self.cluster_name}-checkpoints")
+        return self
 
     @model_validator(mode="after")
     def _unique_teams(self) -> "StackConfig":
