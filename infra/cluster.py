@@ -1,0 +1,268 @@
+"""Cluster: EKS control plane, IRSA, KMS secrets encryption, and system + GPU managed node groups."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as kubernetes
+
+from infra.config import ClusterConfig, GpuNodeGroupConfig, NodeGroupConfig
+from infra.conventions import GPU_TAINT_KEY, GPU_TAINT_VALUE
+from infra.policies import service_assume_role_policy
+
+AMI_SYSTEM = "AL2023_x86_64_STANDARD"
+AMI_GPU = "AL2023_x86_64_NVIDIA"
+LABEL_NODE_GROUP = "gpuyard.io/node-group"
+MANAGED = "arn:aws:iam::aws:policy"
+NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryReadOnly",
+    "AmazonSSMManagedInstanceCore",
+)
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+EKS_ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+
+
+def gpu_node_taints() -> list[dict[str, str]]:
+    """The EKS spelling of the GPU taint every GPU node carries (``nvidia.com/gpu=true:NoSchedule``)."""
+    return [{"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": "NO_SCHEDULE"}]
+
+
+def node_labels(group: NodeGroupConfig) -> dict[str, str]:
+    return {**group.labels, LABEL_NODE_GROUP: group.name}
+
+
+def launch_template_spec(disk_gib: int, efa: bool) -> dict:
+    """Launch template inputs for managed nodes: IMDSv2 only (hop limit 2 for pods), encrypted gp3 root, optional EFA."""
+    spec: dict = {
+        "metadata_options": {
+            "http_endpoint": "enabled",
+            "http_tokens": "required",
+            "http_put_response_hop_limit": 2,
+        },
+        "block_device_mappings": [
+            {
+                "device_name": "/dev/xvda",
+                "ebs": {"volume_size": disk_gib, "volume_type": "gp3", "encrypted": "true", "delete_on_termination": "true"},
+            }
+        ],
+    }
+    if efa:
+        spec["network_interfaces"] = [
+            {"device_index": 0, "network_card_index": 0, "interface_type": "efa", "delete_on_termination": "true"}
+        ]
+    return spec
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict:
+    """A kubeconfig that authenticates with ``aws eks get-token``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+        "current-context": cluster_name,
+        "users": [
+            {
+                "name": cluster_name,
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "aws",
+                        "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region],
+                    }
+                },
+            }
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class ClusterArgs:
+    cluster_name: str
+    region: str
+    config: ClusterConfig
+    private_subnet_ids: pulumi.Input[list[str]]
+    aws_provider: aws.Provider
+
+
+class Cluster(pulumi.ComponentResource):
+    """The EKS cluster, its identity plumbing and node groups, plus a Kubernetes provider for it."""
+
+    name: pulumi.Output[str]
+    arn: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    oidc_provider_arn: pulumi.Output[str]
+    oidc_issuer: pulumi.Output[str]
+    security_group_id: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:eks:Cluster", name, None, opts)
+        self._name = name
+        self._args = args
+        self._opts = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
+        key = self._create_secrets_key()
+        cluster = self._create_control_plane(key)
+        oidc = self._create_oidc_provider(cluster)
+        self._create_admin_access(cluster)
+        self._create_eks_addons(cluster)
+        node_role = self._create_node_role()
+        self.system_node_group = self._create_system_node_group(cluster, node_role)
+        self.gpu_node_groups = [self._create_gpu_node_group(cluster, node_role, group) for group in args.config.gpu_node_groups]
+        self.name = cluster.name
+        self.arn = cluster.arn
+        self.endpoint = cluster.endpoint
+        self.oidc_provider_arn = oidc.arn
+        self.oidc_issuer = cluster.identities[0].oidcs[0].issuer
+        self.security_group_id = cluster.vpc_config.cluster_security_group_id
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority.data).apply(
+                lambda values: json.dumps(kubeconfig(values[0], values[1], values[2], args.region))
+            )
+        )
+        self.k8s_provider = self._create_kubernetes_provider()
+        self.register_outputs(
+            {
+                "name": self.name,
+                "arn": self.arn,
+                "endpoint": self.endpoint,
+                "oidc_provider_arn": self.oidc_provider_arn,
+                "oidc_issuer": self.oidc_issuer,
+                "security_group_id": self.security_group_id,
+                "kubeconfig": self.kubeconfig,
+            }
+        )
+
+    def _role(self, name: str, service: str, policies: tuple[str, ...]) -> aws.iam.Role:
+        role = aws.iam.Role(
+            f"{self._name}-{name}",
+            assume_role_policy=json.dumps(service_assume_role_policy(service)),
+            opts=self._opts,
+        )
+        for policy in policies:
+            aws.iam.RolePolicyAttachment(
+                f"{self._name}-{name}-{policy}", role=role.name, policy_arn=f"{MANAGED}/{policy}", opts=self._opts
+            )
+        return role
+
+    def _create_secrets_key(self) -> aws.kms.Key:
+        key = aws.kms.Key(
+            f"{self._name}-secrets",
+            description=f"EKS secrets encryption for {self._args.cluster_name}",
+            enable_key_rotation=True,
+            deletion_window_in_days=7,
+            opts=self._opts,
+        )
+        aws.kms.Alias(f"{self._name}-secrets", name=f"alias/{self._args.cluster_name}-secrets", target_key_id=key.key_id, opts=self._opts)
+        return key
+
+    def _create_control_plane(self, key: aws.kms.Key) -> aws.eks.Cluster:
+        config = self._args.config
+        role = self._role("cluster", "eks.amazonaws.com", ("AmazonEKSClusterPolicy",))
+        return aws.eks.Cluster(
+            f"{self._name}-eks",
+            name=self._args.cluster_name,
+            version=config.kubernetes_version,
+            role_arn=role.arn,
+            vpc_config={
+                "subnet_ids": self._args.private_subnet_ids,
+                "endpoint_private_access": config.endpoint_private,
+                "endpoint_public_access": config.endpoint_public,
+                "public_access_cidrs": list(config.public_access_cidrs) if config.endpoint_public else None,
+            },
+            access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
+            encryption_config={"resources": ["secrets"], "provider": {"key_arn": key.arn}},
+            enabled_cluster_log_types=list(config.log_types),
+            opts=self._opts,
+        )
+
+    def _create_oidc_provider(self, cluster: aws.eks.Cluster) -> aws.iam.OpenIdConnectProvider:
+        return aws.iam.OpenIdConnectProvider(
+            f"{self._name}-oidc",
+            url=cluster.identities[0].oidcs[0].issuer,
+            client_id_lists=["sts.amazonaws.com"],
+            opts=self._opts,
+        )
+
+    def _create_admin_access(self, cluster: aws.eks.Cluster) -> None:
+        for index, principal in enumerate(self._args.config.admin_role_arns):
+            entry = aws.eks.AccessEntry(
+                f"{self._name}-admin-{index}", cluster_name=cluster.name, principal_arn=principal, type="STANDARD", opts=self._opts
+            )
+            aws.eks.AccessPolicyAssociation(
+                f"{self._name}-admin-{index}",
+                cluster_name=cluster.name,
+                principal_arn=entry.principal_arn,
+                policy_arn=CLUSTER_ADMIN_POLICY,
+                access_scope={"type": "cluster"},
+                opts=self._opts,
+            )
+
+    def _create_eks_addons(self, cluster: aws.eks.Cluster) -> None:
+        for addon in EKS_ADDONS:
+            aws.eks.Addon(f"{self._name}-{addon}", cluster_name=cluster.name, addon_name=addon, opts=self._opts)
+
+    def _create_node_role(self) -> aws.iam.Role:
+        return self._role("node", "ec2.amazonaws.com", NODE_POLICIES)
+
+    def _node_group(
+        self,
+        cluster: aws.eks.Cluster,
+        role: aws.iam.Role,
+        group: NodeGroupConfig,
+        *,
+        ami_type: str,
+        template: aws.ec2.LaunchTemplate,
+        subnet_ids: pulumi.Input[list[str]],
+        taints: list[dict[str, str]] | None = None,
+    ) -> aws.eks.NodeGroup:
+        return aws.eks.NodeGroup(
+            f"{self._name}-{group.name}",
+            cluster_name=cluster.name,
+            node_group_name=group.name,
+            node_role_arn=role.arn,
+            subnet_ids=subnet_ids,
+            instance_types=list(group.instance_types),
+            ami_type=ami_type,
+            scaling_config={"min_size": group.min_size, "desired_size": group.desired_size, "max_size": group.max_size},
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            labels=node_labels(group),
+            taints=taints,
+            opts=pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(ignore_changes=["scalingConfig.desiredSize"])),
+        )
+
+    def _create_system_node_group(self, cluster: aws.eks.Cluster, role: aws.iam.Role) -> aws.eks.NodeGroup:
+        group = self._args.config.system_node_group
+        template = aws.ec2.LaunchTemplate(
+            f"{self._name}-{group.name}", **launch_template_spec(group.disk_gib, efa=False), opts=self._opts
+        )
+        return self._node_group(
+            cluster, role, group, ami_type=AMI_SYSTEM, template=template, subnet_ids=self._args.private_subnet_ids
+        )
+
+    def _create_gpu_node_group(
+        self, cluster: aws.eks.Cluster, role: aws.iam.Role, group: GpuNodeGroupConfig
+    ) -> aws.eks.NodeGroup:
+        spec = launch_template_spec(group.disk_gib, efa=group.efa)
+        subnet_ids = self._args.private_subnet_ids
+        if group.efa:
+            placement = aws.ec2.PlacementGroup(f"{self._name}-{group.name}", strategy="cluster", opts=self._opts)
+            spec["placement"] = {"group_name": placement.name}
+            subnet_ids = pulumi.Output.from_input(subnet_ids).apply(lambda ids: ids[:1])
+        template = aws.ec2.LaunchTemplate(f"{self._name}-{group.name}", **spec, opts=self._opts)
+        return self._node_group(
+            cluster, role, group, ami_type=AMI_GPU, template=template, subnet_ids=subnet_ids, taints=gpu_node_taints()
+        )
+
+    def _create_kubernetes_provider(self) -> kubernetes.Provider:
+        return kubernetes.Provider(
+            f"{self._name}-k8s",
+            kubeconfig=self.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_node_group]),
+        )

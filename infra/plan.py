@@ -1,0 +1,160 @@
+"""Offline plan: run the real program (``infra/__main__.py``) under Pulumi's mocks and record what it creates.
+
+No cloud, no Pulumi CLI: :class:`PlanMocks` answers every resource registration with its inputs plus
+plausible outputs (ARNs, ids, endpoints) and every provider call (caller identity, AZs) with fixed values.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import rpc, settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.config import PROJECT, ConfigError, load_stack, parse_stack, stack_file
+
+PROGRAM = Path(__file__).resolve().parent / "__main__.py"
+ACCOUNT_ID = "123456789012"
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class PlannedResource:
+    type: str
+    name: str
+    parent: str
+    inputs: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs}
+
+
+def _service(type_: str) -> str:
+    return type_.split(":")[1].split("/")[0]
+
+
+@dataclass
+class PlanMocks(pulumi.runtime.Mocks):
+    """Answers registrations with their inputs plus what providers would compute (ARNs, ids, endpoints)."""
+
+    region: str
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        name = args.inputs.get("name") or args.name
+        outputs = {
+            **args.inputs,
+            "name": name,
+            "arn": f"arn:aws:{_service(args.typ)}:{self.region}:{ACCOUNT_ID}:{name}",
+        }
+        outputs.update(self._computed(args.typ, name, args.inputs))
+        return f"{args.name}-id", outputs
+
+    def _computed(self, type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        if type_ == "aws:eks/cluster:Cluster":
+            return {
+                "endpoint": f"https://{name}.gr7.{self.region}.eks.amazonaws.com",
+                "certificateAuthority": {"data": "LS0tLS1CRUdJTi1DRVJUSUZJQ0FURS0tLS0t"},
+                "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.{self.region}.amazonaws.com/id/{name.upper()}"}]}],
+                "vpcConfig": {**inputs.get("vpcConfig", {}), "clusterSecurityGroupId": f"sg-{name}"},
+            }
+        if type_ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
+            return {"arn": f"arn:aws:iam::{ACCOUNT_ID}:oidc-provider/{inputs['url'].removeprefix('https://')}"}
+        if type_ == "aws:iam/role:Role":
+            return {"arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{name}"}
+        if type_ == "aws:s3/bucket:Bucket":
+            bucket = inputs.get("bucket", name)
+            return {"bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
+        if type_ == "aws:ecr/repository:Repository":
+            return {"repositoryUrl": f"{ACCOUNT_ID}.dkr.ecr.{self.region}.amazonaws.com/{inputs.get('name', name)}"}
+        if type_ == "aws:sqs/queue:Queue":
+            return {"url": f"https://sqs.{self.region}.amazonaws.com/{ACCOUNT_ID}/{inputs.get('name', name)}"}
+        if type_ == "aws:ec2/launchTemplate:LaunchTemplate":
+            return {"latestVersion": 1}
+        if type_ == "aws:kms/key:Key":
+            return {"keyId": f"{name}-key-id"}
+        return {}
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": ACCOUNT_ID, "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/plan", "userId": "plan"}
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            zones = [f"{self.region}{letter}" for letter in "abcd"]
+            return {"names": zones, "zoneIds": [f"usw2-az{i}" for i in range(1, 5)], "id": self.region}
+        if args.token == "aws:index/getPartition:getPartition":
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
+        raise ValueError(f"plan mocks do not answer {args.token}")
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock monitor, also keeping each registration in order with its parent's name."""
+
+    def __init__(self, mocks: PlanMocks):
+        super().__init__(mocks)
+        self.planned: list[PlannedResource] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            parent = _urn_name(request.parent) if _urn_type(request.parent) != "pulumi:pulumi:Stack" else ROOT
+            inputs = rpc.deserialize_properties(request.object)
+            self.planned.append(PlannedResource(request.type, request.name, parent, _plain(inputs)))
+        return response
+
+
+def _urn_type(urn: str) -> str:
+    return urn.split("::")[2].split("$")[-1] if urn else "pulumi:pulumi:Stack"
+
+
+def _urn_name(urn: str) -> str:
+    return urn.split("::", 3)[3]
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as JSON values (unknowns, secrets and resource references become strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def encode_config(values: dict[str, Any]) -> dict[str, str]:
+    """Config values as the Pulumi engine hands them to a program: strings, structured values as JSON."""
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in values.items()}
+
+
+def stack_values(stack: str, directory: Path | None = None) -> dict[str, Any]:
+    """The raw ``config:`` mapping of ``Pulumi.<stack>.yaml`` (validated first, so errors are one line)."""
+    load_stack(stack, directory)
+    return yaml.safe_load(stack_file(stack, directory).read_text()).get("config") or {}
+
+
+def plan_values(stack: str, values: dict[str, Any]) -> list[PlannedResource]:
+    """Run the program for ``stack`` with these config values; return every resource it registers."""
+    config = parse_stack(stack, values)
+    monitor = RecordingMonitor(PlanMocks(region=config.region))
+    settings.reset_options(project=PROJECT, stack=stack, preview=False)
+    set_all_config(encode_config(values))
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    return monitor.planned
+
+
+def plan(stack: str, directory: Path | None = None) -> list[PlannedResource]:
+    """Plan a stack file: ``Pulumi.<stack>.yaml`` under ``stacks/`` (or ``directory``)."""
+    return plan_values(stack, stack_values(stack, directory))
+
+
+def plan_summary(stack: str) -> tuple[int, dict[str, int]]:
+    """(number of resources, count per type) for ``gpuyard demo``."""
+    resources = plan(stack)
+    return len(resources), dict(Counter(resource.type for resource in resources))
+
+
+__all__ = ["ConfigError", "PlannedResource", "plan", "plan_summary", "plan_values", "stack_values"]
