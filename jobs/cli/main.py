@@ -21,6 +21,8 @@ def _group() -> None:
 
 # sub-commands register themselves on `app` when imported
 from jobs.cli import demo  # noqa: E402,F401
+from jobs.cli import env  # noqa: E402,F401
+from jobs.cli import images  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,32 @@
+"""``gpuyard images build``: the job images with docker buildx, pushed to the stack's ECR."""
+
+from __future__ import annotations
+
+import typer
+
+from infra.config import ConfigError, load_stack
+from infra.conventions import IMAGE_NAMES
+from jobs.cli.errors import fail
+from jobs.cli.main import app
+from jobs.image_build import DEFAULT_PLATFORM, BuildError, build_images
+
+images_app = typer.Typer(help="Container images of the training jobs (images/<name>/Dockerfile).",
+                         no_args_is_help=True)
+app.add_typer(images_app, name="images")
+
+
+@images_app.command()
+def build(
+    stack: str = typer.Option("dev", "--stack", help="Stack whose registry and tag name the images."),
+    image: list[str] = typer.Option(list(IMAGE_NAMES), "--image", "-i",
+                                    help=f"Image to build, repeatable ({', '.join(IMAGE_NAMES)}; default all)."),
+    push: bool = typer.Option(False, "--push", help="Push to the stack's registry (gpuyard:image_registry)."),
+    platform: str = typer.Option(DEFAULT_PLATFORM, "--platform", help="Target platform for buildx."),
+) -> None:
+    """Build each image with docker buildx from the repository root; with --push, push it to ECR."""
+    try:
+        build_images(load_stack(stack), image, push=push, platform=platform, echo=typer.echo)
+    except ConfigError as error:
+        fail(str(error))
+    except BuildError as error:
+        fail(str(error), code=error.exit_code)
