@@ -1,0 +1,77 @@
+"""Render JobSpecs into operator manifests: one small module per kind, one pod builder.
+
+``render(spec, team)`` returns the manifest as a dict, ``to_yaml`` its bytes-stable text,
+``render_all(config, out_dir)`` writes every kind for every team of a stack (default sizes)
+and ``write_manifests`` puts files in place only once all of them rendered.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import yaml
+
+from infra.config import StackConfig, Team
+from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
+from jobs.spec import KINDS, JobSpec, Kind, build_spec
+
+RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
+    "pytorchjob": pytorchjob.render,
+    "mpijob": mpijob.render,
+    "rayjob": rayjob.render,
+    "volcanojob": volcanojob.render,
+    "trainjob": trainjob.render,
+}
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def render(spec: JobSpec, team: Team) -> dict:
+    """The manifest of ``spec`` for ``team`` (which must be the spec's team)."""
+    if spec.team != team.name:
+        raise ValueError(f"spec of team {spec.team!r} rendered for team {team.name!r}")
+    return RENDERERS[spec.kind](spec, team)
+
+
+def to_yaml(manifest: dict) -> str:
+    return yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def manifest_path(spec: JobSpec) -> Path:
+    """Where a job's manifest goes inside an output folder: ``<team>/<name>.yaml``."""
+    return Path(spec.team) / f"{spec.name}.yaml"
+
+
+def default_specs(config: StackConfig, kinds: Iterable[Kind] = KINDS) -> list[JobSpec]:
+    """One job of each kind per team, at the default size."""
+    return [build_spec(config, team, kind) for team in config.teams for kind in kinds]
+
+
+def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:
+    """Write ``{relative path: manifest}`` under ``out_dir`` all at once.
+
+    Files are written to a temporary folder next to ``out_dir`` and moved into place
+    only after every one was written, so a failure leaves ``out_dir`` as it was.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as staging:
+        for relative, manifest in rendered.items():
+            path = Path(staging) / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(to_yaml(manifest))
+        written = []
+        for relative in rendered:
+            target = out_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(Path(staging) / relative, target)
+            written.append(target)
+    return written
+
+
+def render_all(config: StackConfig, out_dir: Path) -> list[Path]:
+    """Render every kind for every team of ``config`` into ``out_dir``; returns the files written."""
+    specs = default_specs(config)
+    rendered = {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
+    return write_manifests(rendered, out_dir)

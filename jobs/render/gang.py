@@ -1,0 +1,18 @@
+"""Gang scheduling on Volcano: the Kubeflow ``runPolicy`` both Training and MPI operators read."""
+
+from infra.config import Team
+from jobs.spec import JobSpec
+
+
+def run_policy(spec: JobSpec, team: Team, min_available: int) -> dict:
+    """Retries, cleanup and the PodGroup (team queue, ``min_available`` pods, team priority)."""
+    return {
+        "backoffLimit": spec.max_restarts,
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+        "schedulingPolicy": {
+            "queue": team.queue,
+            "minAvailable": min_available,
+            "priorityClass": team.priority_class,
+        },
+    }

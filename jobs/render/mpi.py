@@ -1,0 +1,54 @@
+"""What MPIJob and Volcano Job share: mpirun on a CPU launcher, sshd on the workers.
+
+The paths, user and port are the ``mpi`` image's (images/mpi): uid 1000 ``gpuyard``,
+the job's SSH secret in ``/home/gpuyard/.ssh``, sshd on the unprivileged port 2222.
+Remote ranks start from sshd with a clean environment, so mpirun exports the
+rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
+"""
+
+from jobs.render.pod import container, helper_resources, metrics_port, trainer_env, trainer_resources
+from jobs.spec import JobSpec
+
+SSH_DIR = "/home/gpuyard/.ssh"
+SSH_PORT = 2222
+ENTRYPOINT = "/opt/gpuyard/mpi/entrypoint.sh"
+MASTER_PORT = 29500
+# Injected by the EKS pod identity webhook into pods of the team's (IRSA) service account.
+IRSA_ENV = ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
+            "AWS_STS_REGIONAL_ENDPOINTS")
+
+
+def launcher_env(spec: JobSpec, master_addr: str) -> dict[str, str]:
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT), **trainer_env(spec)}
+
+
+def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None = None) -> list[str]:
+    """mpirun over ``nodes x procs_per_node`` slots up to the trainer module (its args follow).
+
+    ``hosts`` lists the workers when no hostfile is provided (Volcano); the MPI Operator
+    points mpirun at its own hostfile.
+    """
+    command = ["mpirun", "-np", str(spec.nodes * spec.procs_per_node), "--bind-to", "none", "--map-by", "slot"]
+    if hosts:
+        command += ["--host", ",".join(f"{host}:{spec.procs_per_node}" for host in hosts)]
+    for name in (*env, *IRSA_ENV):
+        command += ["-x", name]
+    return [*command, "python3", "-m", spec.module]
+
+
+def launcher_container(name: str, spec: JobSpec, master_addr: str, hosts: list[str] | None = None) -> dict:
+    env = launcher_env(spec, master_addr)
+    return container(name, spec.image, helper_resources(),
+                     command=mpirun_command(spec, env, hosts), args=list(spec.args), env=env)
+
+
+def worker_container(name: str, spec: JobSpec) -> dict:
+    """sshd as the image's user, ready once it accepts connections; rank 0 serves metrics.
+
+    No env here: the ranks sshd starts get theirs from mpirun's ``-x``.
+    """
+    ssh_port = {"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}
+    worker = container(name, spec.image, trainer_resources(spec), command=[ENTRYPOINT], args=["worker"],
+                       ports=[ssh_port, metrics_port()])
+    worker["readinessProbe"] = {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2}
+    return worker

@@ -1,0 +1,236 @@
+"""The one pod-template builder every renderer shares.
+
+A *trainer* pod runs on the spec's NodePool with its GPUs (requests = limits), the GPU
+taint's toleration, /dev/shm in memory, NCCL (and EFA) settings and the metrics port.
+A *helper* pod (MPI launcher, Ray head) is a small CPU pod on the on-demand cpu pool.
+Both are non-root, use the team's service account, carry the gpuyard labels and ask
+Karpenter not to disrupt them while the gang runs.
+"""
+
+from __future__ import annotations
+
+from infra.config import Team
+from infra.conventions import (
+    ANNOTATION_DO_NOT_DISRUPT,
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    GPU_TAINT_EFFECT,
+    GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
+    LABEL_CAPACITY_TYPE,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_NODEPOOL,
+    LABEL_PART_OF,
+    LABEL_TEAM,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    NODEPOOL_CPU,
+    PART_OF,
+)
+from jobs.spec import JobSpec
+
+# The non-root user of the gpuyard images (images/*: uid 1000, the Ray base's ``ray`` user too);
+# its group comes from the image, fsGroup makes mounted secrets and tokens readable.
+RUN_AS_USER = 1000
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+
+# Helper pods only coordinate (mpirun/ssh, the Ray GCS and driver): a small fixed slice.
+HELPER_CPU = "1"
+HELPER_MEMORY_GIB = 4
+
+NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+# libfabric's EFA provider for NCCL (aws-ofi-nccl), with GPUDirect RDMA where the instance has it.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+
+
+def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
+    """The labels on every object and pod of a job (the PodMonitor selects on them)."""
+    out = {
+        LABEL_NAME: spec.kind,
+        LABEL_INSTANCE: spec.name,
+        LABEL_PART_OF: PART_OF,
+        LABEL_MANAGED_BY: PART_OF,
+        LABEL_TEAM: spec.team,
+        LABEL_JOB: spec.name,
+    }
+    if component:
+        out[LABEL_COMPONENT] = component
+    return out
+
+
+def metadata(spec: JobSpec, team: Team, extra_labels: dict[str, str] | None = None) -> dict:
+    return {"name": spec.name, "namespace": team.namespace, "labels": {**labels(spec), **(extra_labels or {})}}
+
+
+def trainer_env(spec: JobSpec) -> dict[str, str]:
+    """NCCL (and EFA) settings on GPU jobs, then the spec's own env, which wins."""
+    env: dict[str, str] = {}
+    if spec.gpus_per_node:
+        env.update(NCCL_ENV)
+    if spec.efa_devices:
+        env.update(EFA_ENV)
+    env.update(spec.env)
+    return env
+
+
+def env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+def _quantity_cpu(cpu: float) -> str:
+    return str(int(cpu)) if float(cpu).is_integer() else f"{round(cpu * 1000)}m"
+
+
+def trainer_resources(spec: JobSpec) -> dict:
+    """Guaranteed QoS: requests = limits, GPUs and EFA devices included."""
+    amounts = {"cpu": _quantity_cpu(spec.cpu), "memory": f"{spec.memory_gib}Gi"}
+    if spec.gpus_per_node:
+        amounts[GPU_RESOURCE] = str(spec.gpus_per_node)
+    if spec.efa_devices:
+        amounts[EFA_RESOURCE] = str(spec.efa_devices)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def helper_resources() -> dict:
+    amounts = {"cpu": HELPER_CPU, "memory": f"{HELPER_MEMORY_GIB}Gi"}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def container_security() -> dict:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def container(
+    name: str,
+    image: str,
+    resources: dict,
+    *,
+    command: list[str] | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    ports: list[dict] | None = None,
+) -> dict:
+    """A container with /dev/shm mounted; empty fields are left out."""
+    out: dict = {"name": name, "image": image}
+    if command:
+        out["command"] = command
+    if args:
+        out["args"] = args
+    if env:
+        out["env"] = env_list(env)
+    if ports:
+        out["ports"] = ports
+    out["resources"] = resources
+    out["securityContext"] = container_security()
+    out["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    return out
+
+
+def metrics_port() -> dict:
+    return {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
+
+
+def gpu_tolerations(spec: JobSpec) -> list[dict]:
+    if not spec.gpus_per_node:
+        return []
+    return [{"key": GPU_TAINT_KEY, "operator": "Equal", "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT}]
+
+
+def node_selector(node_pool: str, capacity_type: str) -> dict[str, str]:
+    return {LABEL_NODEPOOL: node_pool, LABEL_CAPACITY_TYPE: capacity_type}
+
+
+def shm_volume(memory_gib: int) -> dict:
+    """/dev/shm in RAM for NCCL and DataLoader workers, up to half the pod's memory."""
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(1, memory_gib // 2)}Gi"}}
+
+
+def pod_security() -> dict:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pod_template(
+    spec: JobSpec,
+    team: Team,
+    component: str,
+    containers: list[dict],
+    *,
+    selector: dict[str, str],
+    tolerations: list[dict],
+    shm_gib: int,
+    scheduler_name: str | None,
+    restart_policy: str | None,
+    extra_labels: dict[str, str] | None,
+) -> dict:
+    pod: dict = {"serviceAccountName": team.service_account}
+    if scheduler_name:
+        pod["schedulerName"] = scheduler_name
+    if restart_policy:
+        pod["restartPolicy"] = restart_policy
+    pod["nodeSelector"] = selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    pod["securityContext"] = pod_security()
+    pod["containers"] = containers
+    pod["volumes"] = [shm_volume(shm_gib)]
+    return {
+        "metadata": {
+            "labels": {**labels(spec, component), **(extra_labels or {})},
+            "annotations": {ANNOTATION_DO_NOT_DISRUPT: "true"},
+        },
+        "spec": pod,
+    }
+
+
+def trainer_pod(
+    spec: JobSpec,
+    team: Team,
+    component: str,
+    trainer: dict,
+    *,
+    scheduler_name: str | None = None,
+    restart_policy: str | None = None,
+    extra_labels: dict[str, str] | None = None,
+) -> dict:
+    """A pod template for a training node of ``spec`` running the ``trainer`` container."""
+    return _pod_template(
+        spec, team, component, [trainer],
+        selector=node_selector(spec.node_pool, spec.capacity_type),
+        tolerations=gpu_tolerations(spec),
+        shm_gib=spec.memory_gib,
+        scheduler_name=scheduler_name,
+        restart_policy=restart_policy,
+        extra_labels=extra_labels,
+    )
+
+
+def helper_pod(
+    spec: JobSpec,
+    team: Team,
+    component: str,
+    helper: dict,
+    *,
+    scheduler_name: str | None = None,
+    restart_policy: str | None = None,
+    extra_labels: dict[str, str] | None = None,
+) -> dict:
+    """A pod template for a coordinating CPU pod (launcher, head) of ``spec``."""
+    return _pod_template(
+        spec, team, component, [helper],
+        selector=node_selector(NODEPOOL_CPU, "on-demand"),
+        tolerations=[],
+        shm_gib=HELPER_MEMORY_GIB,
+        scheduler_name=scheduler_name,
+        restart_policy=restart_policy,
+        extra_labels=extra_labels,
+    )

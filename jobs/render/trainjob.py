@@ -1,0 +1,83 @@
+"""TrainJob (Kubeflow Trainer v2 ``trainer.kubeflow.org/v1alpha1``) on the ``torch-distributed`` runtime.
+
+The ClusterTrainingRuntime (created by the stack) owns the JobSet, torchrun's rendezvous
+env, the Volcano PodGroup and the metrics port; the TrainJob sets the trainer (image,
+command, nodes, resources) and patches the ``node`` pods with what every gpuyard training
+pod carries (labels, do-not-disrupt, service account, placement, /dev/shm, non-root).
+"""
+
+from infra.config import Team
+from infra.conventions import ANNOTATION_DO_NOT_DISRUPT
+from jobs.render.pod import (
+    SHM_PATH,
+    SHM_VOLUME,
+    container_security,
+    env_list,
+    gpu_tolerations,
+    labels,
+    metadata,
+    node_selector,
+    pod_security,
+    shm_volume,
+    trainer_env,
+    trainer_resources,
+)
+from jobs.spec import JobSpec
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+RUNTIME = "torch-distributed"
+NODE_JOB = "node"  # the runtime's replicated job and its trainer container
+PATCH_MANAGER = "gpuyard.io/render"
+ANNOTATION_QUEUE = "scheduling.volcano.sh/queue-name"
+
+
+def trainer(spec: JobSpec) -> dict:
+    """torchrun gets nodes, ranks and the master from the runtime's ``PET_*`` env."""
+    return {
+        "image": spec.image,
+        "command": ["torchrun", "-m", spec.module],
+        "args": list(spec.args),
+        "env": env_list(trainer_env(spec)),
+        "numNodes": spec.nodes,
+        "numProcPerNode": spec.procs_per_node,
+        "resourcesPerNode": trainer_resources(spec),
+    }
+
+
+def node_pod_patch(spec: JobSpec, team: Team) -> dict:
+    pod: dict = {
+        "serviceAccountName": team.service_account,
+        "nodeSelector": node_selector(spec.node_pool, spec.capacity_type),
+    }
+    if spec.gpus_per_node:
+        pod["tolerations"] = gpu_tolerations(spec)
+    pod["securityContext"] = pod_security()
+    pod["volumes"] = [shm_volume(spec.memory_gib)]
+    pod["containers"] = [{
+        "name": NODE_JOB,
+        "securityContext": container_security(),
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": SHM_PATH}],
+    }]
+    return {
+        "metadata": {"labels": labels(spec, NODE_JOB), "annotations": {ANNOTATION_DO_NOT_DISRUPT: "true"}},
+        "spec": pod,
+    }
+
+
+def render(spec: JobSpec, team: Team) -> dict:
+    meta = metadata(spec, team)
+    meta["annotations"] = {ANNOTATION_QUEUE: team.queue}
+    patch = {"name": NODE_JOB, "template": {"spec": {"template": node_pod_patch(spec, team)}}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": meta,
+        "spec": {
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": RUNTIME},
+            "trainer": trainer(spec),
+            "runtimePatches": [{
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [patch]}}},
+            }],
+        },
+    }

@@ -1,0 +1,54 @@
+"""Volcano Job (``batch.volcano.sh/v1alpha1``): mpimaster runs mpirun over mpiworker tasks.
+
+The ``ssh`` plugin shares a per-job key (mounted where the ``mpi`` image's sshd reads
+it), ``svc`` gives the workers stable hostnames ``<job>-mpiworker-<i>.<job>``. The gang is
+every pod; an evicted pod restarts the whole job, and the master finishing completes it.
+"""
+
+from infra.config import Team
+from infra.conventions import SCHEDULER_NAME
+from jobs.render.mpi import SSH_DIR, launcher_container, worker_container
+from jobs.render.pod import helper_pod, metadata, trainer_pod
+from jobs.spec import JobSpec
+
+API_VERSION = "batch.volcano.sh/v1alpha1"
+MASTER_TASK = "mpimaster"
+WORKER_TASK = "mpiworker"
+
+
+def worker_hosts(spec: JobSpec) -> list[str]:
+    return [f"{spec.name}-{WORKER_TASK}-{index}.{spec.name}" for index in range(spec.nodes)]
+
+
+def render(spec: JobSpec, team: Team) -> dict:
+    hosts = worker_hosts(spec)
+    master = launcher_container(MASTER_TASK, spec, hosts[0], hosts)
+    worker = worker_container(WORKER_TASK, spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Job",
+        "metadata": metadata(spec, team),
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "queue": team.queue,
+            "priorityClassName": team.priority_class,
+            "minAvailable": spec.nodes + 1,
+            "maxRetry": spec.max_restarts,
+            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            "plugins": {"ssh": [f"--ssh-key-file-path={SSH_DIR}"], "svc": []},
+            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+            "tasks": [
+                {
+                    "name": MASTER_TASK,
+                    "replicas": 1,
+                    "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
+                    "template": helper_pod(spec, team, MASTER_TASK, master, restart_policy="OnFailure"),
+                },
+                {
+                    "name": WORKER_TASK,
+                    "replicas": spec.nodes,
+                    "template": trainer_pod(spec, team, WORKER_TASK, worker, restart_policy="OnFailure"),
+                },
+            ],
+        },
+    }

@@ -1,0 +1,186 @@
+"""JobSpec: one distributed training job, independent of the operator that runs it.
+
+``build_spec(config, team, kind, ...)`` fills every default from the stack and the
+team (image, checkpoint URI, NodePool, trainer arguments), so a JobSpec is complete
+and the renderers in ``jobs.render`` only translate it, never look anything up.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from infra.config import DNS1123_LABEL, StackConfig, Team
+from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
+from jobs.images import image_ref
+from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
+
+Kind = Literal["pytorchjob", "mpijob", "rayjob", "volcanojob", "trainjob"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+CapacityType = Literal["on-demand", "spot"]
+ELASTIC_KINDS: tuple[Kind, ...] = ("pytorchjob",)  # torchrun rendezvous; MPI, Ray and TrainJob are fixed-size
+
+# Which of jobs.images.IMAGE_NAMES each kind runs.
+KIND_IMAGE: dict[Kind, str] = {
+    "pytorchjob": "ddp", "trainjob": "ddp", "mpijob": "mpi", "volcanojob": "mpi", "rayjob": "ray",
+}
+
+# Longest name each operator derives from the job's (pod hostnames, Services, RayCluster);
+# all must stay DNS-1123 labels. {i} is the highest node index.
+_DERIVED_NAME = {
+    "pytorchjob": "{name}-worker-{i}",
+    "mpijob": "{name}-launcher-xxxxx",  # the launcher Job's pod
+    "rayjob": "{name}-xxxxx-head-svc",  # RayCluster "<job>-<5 random>", then its head Service
+    "volcanojob": "{name}-mpiworker-{i}",
+    "trainjob": "{name}-node-0-{i}",  # JobSet "<job>-<replicatedJob>-<jobIndex>-<podIndex>"
+}
+MAX_LABEL = 63
+
+# Per-GPU defaults sized to fit the smallest GPU node (g5.xlarge: 4 vCPU, 16 GiB) after
+# kubelet and DaemonSet reservations; CPU-only jobs get a small slice of a cpu node.
+CPU_PER_GPU = 3
+MEMORY_GIB_PER_GPU = 12
+CPU_ONLY_CPU = 2
+CPU_ONLY_MEMORY_GIB = 8
+
+DEFAULT_EPOCHS = 10
+DEFAULT_SAVE_EVERY = 2
+DEFAULT_TTL_SECONDS = 3600
+
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class SpecError(ValueError):
+    """A job that cannot be rendered, as one line."""
+
+
+class JobSpec(BaseModel):
+    """A complete, scheduler-agnostic training job.
+
+    ``nodes`` is the job's size; with ``min_nodes < nodes`` it is elastic between the two.
+    ``module`` and ``args`` are what every launcher runs (``torchrun -m``, ``mpirun python -m``,
+    ``ray job submit -- python -m``); by default the reference trainer and
+    ``TrainArgs(...).to_argv()``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(pattern=DNS1123_LABEL, max_length=MAX_LABEL)]
+    team: Annotated[str, Field(pattern=DNS1123_LABEL)]
+    kind: Kind
+    nodes: Annotated[int, Field(ge=1)]
+    min_nodes: Annotated[int, Field(ge=1)]
+    gpus_per_node: Annotated[int, Field(ge=0, le=16)]
+    cpu: Annotated[float, Field(gt=0)]
+    memory_gib: Annotated[int, Field(ge=1)]
+    efa_devices: Annotated[int, Field(ge=0, le=32)] = 0
+    image: Annotated[str, Field(min_length=1)]
+    module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")]
+    args: tuple[str, ...]
+    env: dict[EnvName, str] = {}
+    checkpoint_uri: str
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+    capacity_type: CapacityType = "on-demand"
+    node_pool: Annotated[str, Field(pattern=DNS1123_LABEL)]
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0)] = DEFAULT_TTL_SECONDS
+
+    @model_validator(mode="after")
+    def _check(self) -> "JobSpec":
+        if self.min_nodes > self.nodes:
+            raise ValueError(f"elastic min nodes {self.min_nodes} > max nodes {self.nodes}")
+        if self.elastic and self.kind not in ELASTIC_KINDS:
+            raise ValueError(f"elastic nodes {self.min_nodes}:{self.nodes} need kind {' or '.join(ELASTIC_KINDS)}")
+        if self.efa_devices and not self.gpus_per_node:
+            raise ValueError("EFA devices need GPU nodes (gpus_per_node > 0)")
+        derived = _DERIVED_NAME[self.kind].format(name=self.name, i=self.nodes - 1)
+        if len(derived) > MAX_LABEL:
+            raise ValueError(
+                f"name {self.name!r} too long for a {self.kind}: {derived!r} would exceed {MAX_LABEL} characters"
+            )
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.nodes
+
+    @property
+    def procs_per_node(self) -> int:
+        """Trainer processes per node: one per GPU, one on CPU nodes."""
+        return self.gpus_per_node or 1
+
+
+def parse_nodes(text: str) -> tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"2:4"`` -> (2, 4) (elastic, min:max)."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (1, 2):
+            raise ValueError
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        raise SpecError(f"bad node count {text!r}: expected N or MIN:MAX, e.g. 4 or 2:4") from None
+    return numbers[0], numbers[-1]
+
+
+def default_image(config: StackConfig, team: Team, kind: Kind) -> str:
+    """The kind's image; a team's own image replaces the ``ddp`` one."""
+    image = KIND_IMAGE[kind]
+    if image == "ddp" and team.image:
+        return team.image
+    return image_ref(config, image)
+
+
+def default_node_pool(gpus_per_node: int, capacity_type: CapacityType) -> str:
+    if not gpus_per_node:
+        return NODEPOOL_CPU
+    return NODEPOOL_GPU_SPOT if capacity_type == "spot" else NODEPOOL_GPU_ON_DEMAND
+
+
+def checkpoint_uri(config: StackConfig, team: Team, name: str) -> str:
+    return f"s3://{config.checkpoint_bucket}/{team.checkpoint_prefix}/{name}"
+
+
+def trainer_args(checkpoint: str, epochs: int = DEFAULT_EPOCHS, save_every: int = DEFAULT_SAVE_EVERY) -> TrainArgs:
+    """The reference trainer's arguments in a template: checkpoints to S3, metrics on rank 0."""
+    return TrainArgs(total_epochs=epochs, save_every=save_every, checkpoint_uri=checkpoint, metrics_port=METRICS_PORT)
+
+
+def build_spec(
+    config: StackConfig,
+    team: Team,
+    kind: Kind,
+    *,
+    name: str | None = None,
+    nodes: int = 2,
+    min_nodes: int | None = None,
+    gpus_per_node: int = 1,
+    capacity_type: CapacityType = "on-demand",
+    epochs: int = DEFAULT_EPOCHS,
+    **fields,
+) -> JobSpec:
+    """A JobSpec for ``team`` with every unset field defaulted; raises SpecError (one line)."""
+    name = name or f"{team.name}-{kind}"
+    ckpt = fields.pop("checkpoint_uri", None) or checkpoint_uri(config, team, name)
+    args = tuple(trainer_args(ckpt, epochs).to_argv())
+    module = TRAIN_MODULE
+    if kind == "rayjob":
+        module = RAY_MODULE
+        args += ("--num-workers", str(nodes * (gpus_per_node or 1)))
+    values = {
+        "name": name, "team": team.name, "kind": kind, "nodes": nodes,
+        "min_nodes": nodes if min_nodes is None else min_nodes,
+        "gpus_per_node": gpus_per_node,
+        "cpu": CPU_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_CPU,
+        "memory_gib": MEMORY_GIB_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_MEMORY_GIB,
+        "image": default_image(config, team, kind), "module": module, "args": args,
+        "checkpoint_uri": ckpt, "capacity_type": capacity_type,
+        "node_pool": default_node_pool(gpus_per_node, capacity_type),
+    }
+    values.update({key: value for key, value in fields.items() if value is not None})
+    try:
+        return JobSpec.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise SpecError(f"{where}: {message}" if where else message) from None
