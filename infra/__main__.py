@@ -6,9 +6,15 @@ import pulumi
 import pulumi_aws as aws
 from pulumi.runtime.config import CONFIG, get_config_env
 
+from infra.addons import Addons, AddonsArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, parse_stack
+from infra.karpenter import Karpenter, KarpenterArgs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
+from infra.storage import Storage, StorageArgs
+from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
+from jobs.images import image_ref
 
 
 def config_values() -> dict:
@@ -22,13 +28,47 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     aws_provider = aws.Provider("aws", region=config.region, default_tags={"tags": {"gpuyard.io/stack": config.stack}})
     network = Network("network", NetworkArgs(config.cluster_name, config.network, aws_provider))
     cluster = Cluster(
-        "cluster",
-        ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider),
+        "cluster", ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider)
     )
+    k8s = cluster.k8s_provider
+    after_cluster = pulumi.ResourceOptions(depends_on=[cluster])
+    Karpenter(
+        "karpenter",
+        KarpenterArgs(
+            cluster_name=config.cluster_name,
+            region=config.region,
+            config=config.karpenter,
+            cluster_endpoint=cluster.endpoint,
+            cluster_arn=cluster.arn,
+            security_group_id=cluster.security_group_id,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_issuer=cluster.oidc_issuer,
+            aws_provider=aws_provider,
+            k8s_provider=k8s,
+        ),
+        opts=after_cluster,
+    )
+    addons = Addons("addons", AddonsArgs(config.addons, image_ref(config, "ddp"), k8s))
+    Monitoring("monitoring", MonitoringArgs(k8s))
+    PriorityClasses("priority", PriorityClassesArgs(k8s))
+    storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
+    teams = {
+        team.name: TeamTenancy(
+            f"team-{team.name}",
+            TeamArgs(team, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano, aws_provider, k8s),
+        )
+        for team in config.teams
+    }
     return {
         "cluster_name": cluster.name,
         "kubeconfig": cluster.kubeconfig,
-        "vpc_id": network.vpc_id,
+        "region": config.region,
+        "checkpoint_bucket": storage.bucket_name,
+        "ecr_repositories": storage.repository_urls,
+        "teams": {
+            name: {"namespace": t.namespace, "service_account": t.service_account, "queue": t.queue, "role_arn": t.role_arn}
+            for name, t in teams.items()
+        },
     }
 
 

@@ -16,6 +16,7 @@ from infra.policies import service_assume_role_policy
 AMI_SYSTEM = "AL2023_x86_64_STANDARD"
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 LABEL_NODE_GROUP = "gpuyard.io/node-group"
+LABEL_GPU_NODE = "gpuyard.io/gpu-node"
 MANAGED = "arn:aws:iam::aws:policy"
 NODE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
@@ -32,8 +33,11 @@ def gpu_node_taints() -> list[dict[str, str]]:
     return [{"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": "NO_SCHEDULE"}]
 
 
-def node_labels(group: NodeGroupConfig) -> dict[str, str]:
-    return {**group.labels, LABEL_NODE_GROUP: group.name}
+def node_labels(group: NodeGroupConfig, gpu: bool) -> dict[str, str]:
+    labels = {**group.labels, LABEL_NODE_GROUP: group.name}
+    if gpu:
+        labels[LABEL_GPU_NODE] = "true"
+    return labels
 
 
 def launch_template_spec(disk_gib: int, efa: bool) -> dict:
@@ -231,7 +235,7 @@ class Cluster(pulumi.ComponentResource):
             ami_type=ami_type,
             scaling_config={"min_size": group.min_size, "desired_size": group.desired_size, "max_size": group.max_size},
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-            labels=node_labels(group),
+            labels=node_labels(group, gpu=bool(taints)),
             taints=taints,
             opts=pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(ignore_changes=["scalingConfig.desiredSize"])),
         )

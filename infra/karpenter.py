@@ -1,0 +1,254 @@
+"""Karpenter: controller identity, node role, interruption queue, the pinned chart, EC2NodeClass and NodePools."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as kubernetes
+
+from infra.charts import KARPENTER, release_args
+from infra.cluster import LABEL_GPU_NODE, LABEL_NODE_GROUP, MANAGED, NODE_POLICIES
+from infra.config import KarpenterConfig
+from infra.conventions import (
+    GPU_RESOURCE,
+    GPU_TAINT_EFFECT,
+    GPU_TAINT_KEY,
+    GPU_TAINT_VALUE,
+    LABEL_CAPACITY_TYPE,
+    NODEPOOL_CPU,
+    NODEPOOL_GPU_ON_DEMAND,
+    NODEPOOL_GPU_SPOT,
+)
+from infra.policies import (
+    interruption_queue_policy,
+    irsa_assume_role_policy,
+    karpenter_controller_policy,
+    service_assume_role_policy,
+)
+
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "karpenter"
+NODE_CLASS = "default"
+AMI_ALIAS = "al2023@latest"
+INTERRUPTION_EVENTS = {
+    "health": {"source": ["aws.health"], "detail-type": ["AWS Health Event"]},
+    "spot": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
+    "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
+    "state": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
+}
+
+
+def gpu_taint() -> dict[str, str]:
+    """The GPU taint in Kubernetes spelling (NodePools); pods carry the matching toleration."""
+    return {"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT}
+
+
+def gpu_disruption() -> dict:
+    """GPU nodes are only reclaimed when empty; drift and consolidation never evict a running job."""
+    return {
+        "consolidationPolicy": "WhenEmpty",
+        "consolidateAfter": "10m",
+        "budgets": [{"nodes": "0", "reasons": ["Drifted", "Underutilized"]}, {"nodes": "10%", "reasons": ["Empty"]}],
+    }
+
+
+def cpu_disruption() -> dict:
+    return {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "1m", "budgets": [{"nodes": "10%"}]}
+
+
+def node_pool_spec(name: str, *, capacity_types: list[str], families: tuple[str, ...], gpu: bool, limit: int, weight: int) -> dict:
+    """The ``spec`` of one Karpenter NodePool: what it may launch, its taint, limits and disruption rules."""
+    template_spec: dict = {
+        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODE_CLASS},
+        "requirements": [
+            {"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": capacity_types},
+            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": list(families)},
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+        ],
+        "expireAfter": "Never" if gpu else "720h",
+    }
+    labels = {"gpuyard.io/nodepool": name}
+    if gpu:
+        template_spec["taints"] = [gpu_taint()]
+        labels[LABEL_GPU_NODE] = "true"
+    return {
+        "weight": weight,
+        "template": {"metadata": {"labels": labels}, "spec": template_spec},
+        "limits": {GPU_RESOURCE: str(limit)} if gpu else {"cpu": str(limit)},
+        "disruption": gpu_disruption() if gpu else cpu_disruption(),
+    }
+
+
+def node_pools(config: KarpenterConfig) -> dict[str, dict]:
+    """NodePool name -> spec: on-demand GPUs, spot GPUs (when enabled) and general CPU."""
+    pools = {
+        NODEPOOL_GPU_ON_DEMAND: node_pool_spec(
+            NODEPOOL_GPU_ON_DEMAND, capacity_types=["on-demand"], families=config.gpu_families, gpu=True,
+            limit=config.gpu_limit, weight=50,
+        ),
+        NODEPOOL_CPU: node_pool_spec(
+            NODEPOOL_CPU, capacity_types=["spot", "on-demand"] if config.spot else ["on-demand"],
+            families=config.cpu_families, gpu=False, limit=config.cpu_limit, weight=10,
+        ),
+    }
+    if config.spot:
+        pools[NODEPOOL_GPU_SPOT] = node_pool_spec(
+            NODEPOOL_GPU_SPOT, capacity_types=["spot"], families=config.gpu_families, gpu=True,
+            limit=config.gpu_limit, weight=10,
+        )
+    return pools
+
+
+def ec2_node_class_spec(cluster_name: str, node_role: str, security_group_id: str) -> dict:
+    """The EC2NodeClass: AL2023 (NVIDIA variant picked per instance), discovery-tagged subnets, IMDSv2 only."""
+    return {
+        "role": node_role,
+        "amiSelectorTerms": [{"alias": AMI_ALIAS}],
+        "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": cluster_name}}],
+        "securityGroupSelectorTerms": [{"id": security_group_id}],
+        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2},
+        "blockDeviceMappings": [
+            {"deviceName": "/dev/xvda", "ebs": {"volumeSize": "200Gi", "volumeType": "gp3", "encrypted": True}}
+        ],
+        "tags": {"karpenter.sh/discovery": cluster_name},
+    }
+
+
+def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn: str) -> dict:
+    """Helm values: cluster settings, the IRSA annotation, controllers on the system node group."""
+    return {
+        "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name},
+        "serviceAccount": {"name": SERVICE_ACCOUNT, "annotations": {"eks.amazonaws.com/role-arn": role_arn}},
+        "nodeSelector": {LABEL_NODE_GROUP: "system"},
+        "replicas": 2,
+    }
+
+
+@dataclass(frozen=True)
+class KarpenterArgs:
+    cluster_name: str
+    region: str
+    config: KarpenterConfig
+    cluster_endpoint: pulumi.Input[str]
+    cluster_arn: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
+    aws_provider: aws.Provider
+    k8s_provider: kubernetes.Provider
+
+
+class Karpenter(pulumi.ComponentResource):
+    """Everything Karpenter needs, then the node class and pools it provisions from."""
+
+    controller_role_arn: pulumi.Output[str]
+    node_role_name: pulumi.Output[str]
+    queue_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: KarpenterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:karpenter:Karpenter", name, None, opts)
+        self._name = name
+        self._args = args
+        self._aws = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
+        node_role = self._create_node_role()
+        queue = self._create_interruption_queue()
+        controller_role = self._create_controller_role(queue, node_role)
+        release = self._create_release(queue, controller_role)
+        node_class = self._create_node_class(node_role, release)
+        self._create_node_pools(node_class)
+        self.controller_role_arn = controller_role.arn
+        self.node_role_name = node_role.name
+        self.queue_name = queue.name
+        self.register_outputs(
+            {"controller_role_arn": self.controller_role_arn, "node_role_name": self.node_role_name, "queue_name": self.queue_name}
+        )
+
+    def _k8s(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=self._args.k8s_provider, depends_on=list(depends_on))
+
+    def _create_node_role(self) -> aws.iam.Role:
+        role = aws.iam.Role(
+            f"{self._name}-node",
+            assume_role_policy=json.dumps(service_assume_role_policy("ec2.amazonaws.com")),
+            opts=self._aws,
+        )
+        for policy in NODE_POLICIES:
+            aws.iam.RolePolicyAttachment(f"{self._name}-node-{policy}", role=role.name, policy_arn=f"{MANAGED}/{policy}", opts=self._aws)
+        aws.eks.AccessEntry(
+            f"{self._name}-node", cluster_name=self._args.cluster_name, principal_arn=role.arn, type="EC2_LINUX", opts=self._aws
+        )
+        return role
+
+    def _create_interruption_queue(self) -> aws.sqs.Queue:
+        queue = aws.sqs.Queue(
+            f"{self._name}-interruption",
+            name=f"{self._args.cluster_name}-karpenter",
+            message_retention_seconds=300,
+            sqs_managed_sse_enabled=True,
+            opts=self._aws,
+        )
+        aws.sqs.QueuePolicy(
+            f"{self._name}-interruption",
+            queue_url=queue.url,
+            policy=queue.arn.apply(lambda arn: json.dumps(interruption_queue_policy(arn))),
+            opts=self._aws,
+        )
+        for event, pattern in INTERRUPTION_EVENTS.items():
+            rule = aws.cloudwatch.EventRule(f"{self._name}-{event}", event_pattern=json.dumps(pattern), opts=self._aws)
+            aws.cloudwatch.EventTarget(f"{self._name}-{event}", rule=rule.name, arn=queue.arn, opts=self._aws)
+        return queue
+
+    def _create_controller_role(self, queue: aws.sqs.Queue, node_role: aws.iam.Role) -> aws.iam.Role:
+        args = self._args
+        role = aws.iam.Role(
+            f"{self._name}-controller",
+            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+                lambda v: json.dumps(irsa_assume_role_policy(v[0], v[1], NAMESPACE, SERVICE_ACCOUNT))
+            ),
+            opts=self._aws,
+        )
+        aws.iam.RolePolicy(
+            f"{self._name}-controller",
+            role=role.id,
+            policy=pulumi.Output.all(args.cluster_arn, queue.arn, node_role.arn).apply(
+                lambda v: json.dumps(karpenter_controller_policy(args.cluster_name, v[0], v[1], v[2], args.region))
+            ),
+            opts=self._aws,
+        )
+        return role
+
+    def _create_release(self, queue: aws.sqs.Queue, role: aws.iam.Role) -> kubernetes.helm.v3.Release:
+        values = pulumi.Output.all(self._args.cluster_endpoint, queue.name, role.arn).apply(
+            lambda v: karpenter_values(self._args.cluster_name, v[0], v[1], v[2])
+        )
+        return kubernetes.helm.v3.Release(
+            f"{self._name}-chart", **release_args(KARPENTER, NAMESPACE), values=values, opts=self._k8s()
+        )
+
+    def _create_node_class(self, node_role: aws.iam.Role, release: kubernetes.helm.v3.Release) -> kubernetes.apiextensions.CustomResource:
+        spec = pulumi.Output.all(node_role.name, self._args.security_group_id).apply(
+            lambda v: ec2_node_class_spec(self._args.cluster_name, v[0], v[1])
+        )
+        return kubernetes.apiextensions.CustomResource(
+            f"{self._name}-{NODE_CLASS}",
+            api_version="karpenter.k8s.aws/v1",
+            kind="EC2NodeClass",
+            metadata={"name": NODE_CLASS},
+            spec=spec,
+            opts=self._k8s(release),
+        )
+
+    def _create_node_pools(self, node_class: kubernetes.apiextensions.CustomResource) -> None:
+        for pool, spec in node_pools(self._args.config).items():
+            kubernetes.apiextensions.CustomResource(
+                f"{self._name}-{pool}",
+                api_version="karpenter.sh/v1",
+                kind="NodePool",
+                metadata={"name": pool},
+                spec=spec,
+                opts=self._k8s(node_class),
+            )

@@ -1,0 +1,102 @@
+"""Monitoring: kube-prometheus-stack, the DCGM exporter, a PodMonitor for training pods and the Grafana dashboard."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as kubernetes
+
+from infra.addons import SYSTEM_NODES, gpu_daemon_placement
+from infra.charts import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, Chart, release_args
+from infra.conventions import LABEL_PART_OF, METRICS_PORT_NAME, PART_OF
+from infra.dashboard import training_dashboard
+
+NAMESPACE = "monitoring"
+DASHBOARD_LABEL = "grafana_dashboard"
+
+
+def prometheus_stack_values(retention: str = "15d") -> dict:
+    """Prometheus picks up every PodMonitor/ServiceMonitor; Grafana's sidecar loads labelled dashboard ConfigMaps."""
+    return {
+        "prometheus": {
+            "prometheusSpec": {
+                "podMonitorSelectorNilUsesHelmValues": False,
+                "serviceMonitorSelectorNilUsesHelmValues": False,
+                "retention": retention,
+                "nodeSelector": SYSTEM_NODES,
+            }
+        },
+        "grafana": {
+            "sidecar": {"dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1", "searchNamespace": "ALL"}}
+        },
+    }
+
+
+def dcgm_exporter_values() -> dict:
+    return {**gpu_daemon_placement(), "serviceMonitor": {"enabled": True, "interval": "15s"}}
+
+
+def training_pod_monitor_spec() -> dict:
+    """Scrape the named metrics port of every gpuyard training pod, in every namespace."""
+    return {
+        "selector": {"matchLabels": {LABEL_PART_OF: PART_OF}},
+        "namespaceSelector": {"any": True},
+        "podMetricsEndpoints": [{"port": METRICS_PORT_NAME, "path": "/metrics", "interval": "15s"}],
+    }
+
+
+@dataclass(frozen=True)
+class MonitoringArgs:
+    k8s_provider: kubernetes.Provider
+
+
+class Monitoring(pulumi.ComponentResource):
+    """Prometheus + Grafana, GPU metrics, training metrics and the training dashboard."""
+
+    def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:monitoring:Monitoring", name, None, opts)
+        self._name = name
+        self._args = args
+        stack = self._create_prometheus_stack()
+        self._create_dcgm_exporter(stack)
+        self._create_pod_monitor(stack)
+        self._create_dashboard(stack)
+        self.register_outputs({})
+
+    def _opts(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=self._args.k8s_provider, depends_on=list(depends_on))
+
+    def _release(self, suffix: str, chart: Chart, values: dict, *depends_on: pulumi.Resource) -> kubernetes.helm.v3.Release:
+        return kubernetes.helm.v3.Release(
+            f"{self._name}-{suffix}", **release_args(chart, NAMESPACE), values=values, opts=self._opts(*depends_on)
+        )
+
+    def _create_prometheus_stack(self) -> kubernetes.helm.v3.Release:
+        return self._release("kube-prometheus-stack", KUBE_PROMETHEUS_STACK, prometheus_stack_values())
+
+    def _create_dcgm_exporter(self, stack: kubernetes.helm.v3.Release) -> None:
+        self._release("dcgm-exporter", DCGM_EXPORTER, dcgm_exporter_values(), stack)
+
+    def _create_pod_monitor(self, stack: kubernetes.helm.v3.Release) -> None:
+        kubernetes.apiextensions.CustomResource(
+            f"{self._name}-training",
+            api_version="monitoring.coreos.com/v1",
+            kind="PodMonitor",
+            metadata={"name": "gpuyard-training", "namespace": NAMESPACE, "labels": {LABEL_PART_OF: PART_OF}},
+            spec=training_pod_monitor_spec(),
+            opts=self._opts(stack),
+        )
+
+    def _create_dashboard(self, stack: kubernetes.helm.v3.Release) -> None:
+        kubernetes.core.v1.ConfigMap(
+            f"{self._name}-dashboard",
+            metadata={
+                "name": "gpuyard-training-dashboard",
+                "namespace": NAMESPACE,
+                "labels": {DASHBOARD_LABEL: "1", LABEL_PART_OF: PART_OF},
+            },
+            data={"gpuyard-training.json": json.dumps(training_dashboard(), indent=1, sort_keys=True)},
+            opts=self._opts(stack),
+        )

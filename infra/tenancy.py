@@ -1,0 +1,225 @@
+"""Tenancy: per team a namespace with quota, limits, a Volcano queue, RBAC, an IRSA identity and isolation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as kubernetes
+
+from infra.config import Team
+from infra.conventions import GPU_RESOURCE, LABEL_PART_OF, LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES
+from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
+from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
+
+JOB_GROUPS = ("kubeflow.org", "ray.io", "batch.volcano.sh", "trainer.kubeflow.org")
+
+
+def team_labels(team: Team) -> dict[str, str]:
+    return {LABEL_TEAM: team.name, LABEL_PART_OF: PART_OF}
+
+
+def team_quota(team: Team) -> dict[str, str]:
+    """ResourceQuota ``hard``: the team's GPUs, CPUs and memory."""
+    return {
+        f"requests.{GPU_RESOURCE}": str(team.gpu_quota),
+        "requests.cpu": str(team.cpu_quota),
+        "requests.memory": f"{team.memory_quota_gib}Gi",
+        "limits.memory": f"{team.memory_quota_gib}Gi",
+    }
+
+
+def team_limit_range() -> list[dict]:
+    """Defaults for containers that set no requests/limits, so the quota can account for them."""
+    return [
+        {
+            "type": "Container",
+            "default": {"cpu": "1", "memory": "2Gi"},
+            "defaultRequest": {"cpu": "250m", "memory": "512Mi"},
+        }
+    ]
+
+
+def team_queue_spec(team: Team) -> dict:
+    """Volcano Queue: fair-share weight, capped at the team's quota, reclaimable when idle."""
+    return {
+        "weight": team.queue_weight,
+        "reclaimable": True,
+        "capability": {GPU_RESOURCE: str(team.gpu_quota), "cpu": str(team.cpu_quota), "memory": f"{team.memory_quota_gib}Gi"},
+    }
+
+
+def team_role_rules() -> list[dict]:
+    """What team members may do in their namespace: run and inspect training jobs and their pods."""
+    verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    return [
+        {"apiGroups": list(JOB_GROUPS), "resources": ["*"], "verbs": verbs},
+        {"apiGroups": [""], "resources": ["pods", "pods/log", "services", "configmaps", "events"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+    ]
+
+
+def team_group(team: Team) -> str:
+    """The Kubernetes group a team's people are mapped to (via EKS access entries)."""
+    return f"gpuyard:{team.name}"
+
+
+def team_network_policy_spec() -> dict:
+    """Deny ingress from other namespaces: allow this namespace, and Prometheus on the metrics port."""
+    return {
+        "podSelector": {},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{"podSelector": {}}]},
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}],
+                "ports": [{"port": METRICS_PORT_NAME, "protocol": "TCP"}],
+            },
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class TeamArgs:
+    team: Team
+    bucket_arn: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
+    volcano: pulumi.Resource
+    aws_provider: aws.Provider
+    k8s_provider: kubernetes.Provider
+
+
+class TeamTenancy(pulumi.ComponentResource):
+    """One team's slice of the cluster; its service account may touch only its checkpoint prefix."""
+
+    namespace: pulumi.Output[str]
+    service_account: pulumi.Output[str]
+    queue: pulumi.Output[str]
+    role_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TeamArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:tenancy:Team", name, None, opts)
+        self._name = name
+        self._args = args
+        self._team = args.team
+        namespace = self._create_namespace()
+        self._create_quota(namespace)
+        self._create_limit_range(namespace)
+        queue = self._create_queue()
+        self._create_rbac(namespace)
+        role = self._create_irsa_role()
+        account = self._create_service_account(namespace, role)
+        self._create_network_policy(namespace)
+        self.namespace = namespace.metadata.name
+        self.service_account = account.metadata.name
+        self.queue = queue.metadata["name"]
+        self.role_arn = role.arn
+        self.register_outputs(
+            {"namespace": self.namespace, "service_account": self.service_account, "queue": self.queue, "role_arn": self.role_arn}
+        )
+
+    def _k8s(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=self._args.k8s_provider, depends_on=list(depends_on))
+
+    def _metadata(self, name: str) -> dict:
+        return {"name": name, "namespace": self._team.namespace, "labels": team_labels(self._team)}
+
+    def _create_namespace(self) -> kubernetes.core.v1.Namespace:
+        return kubernetes.core.v1.Namespace(
+            f"{self._name}-namespace",
+            metadata={"name": self._team.namespace, "labels": team_labels(self._team)},
+            opts=self._k8s(),
+        )
+
+    def _create_quota(self, namespace: kubernetes.core.v1.Namespace) -> None:
+        kubernetes.core.v1.ResourceQuota(
+            f"{self._name}-quota", metadata=self._metadata("team-quota"), spec={"hard": team_quota(self._team)},
+            opts=self._k8s(namespace),
+        )
+
+    def _create_limit_range(self, namespace: kubernetes.core.v1.Namespace) -> None:
+        kubernetes.core.v1.LimitRange(
+            f"{self._name}-limits", metadata=self._metadata("team-defaults"), spec={"limits": team_limit_range()},
+            opts=self._k8s(namespace),
+        )
+
+    def _create_queue(self) -> kubernetes.apiextensions.CustomResource:
+        return kubernetes.apiextensions.CustomResource(
+            f"{self._name}-queue",
+            api_version="scheduling.volcano.sh/v1beta1",
+            kind="Queue",
+            metadata={"name": self._team.queue, "labels": team_labels(self._team)},
+            spec=team_queue_spec(self._team),
+            opts=self._k8s(self._args.volcano),
+        )
+
+    def _create_rbac(self, namespace: kubernetes.core.v1.Namespace) -> None:
+        role = kubernetes.rbac.v1.Role(
+            f"{self._name}-role", metadata=self._metadata("team-member"), rules=team_role_rules(), opts=self._k8s(namespace)
+        )
+        kubernetes.rbac.v1.RoleBinding(
+            f"{self._name}-role",
+            metadata=self._metadata("team-member"),
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team-member"},
+            subjects=[{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": team_group(self._team)}],
+            opts=self._k8s(role),
+        )
+
+    def _create_irsa_role(self) -> aws.iam.Role:
+        team = self._team
+        aws_opts = pulumi.ResourceOptions(parent=self, provider=self._args.aws_provider)
+        role = aws.iam.Role(
+            f"{self._name}-irsa",
+            assume_role_policy=pulumi.Output.all(self._args.oidc_provider_arn, self._args.oidc_issuer).apply(
+                lambda v: json.dumps(irsa_assume_role_policy(v[0], v[1], team.namespace, team.service_account))
+            ),
+            opts=aws_opts,
+        )
+        aws.iam.RolePolicy(
+            f"{self._name}-checkpoints",
+            role=role.id,
+            policy=pulumi.Output.from_input(self._args.bucket_arn).apply(
+                lambda arn: json.dumps(team_checkpoint_policy(arn, team.checkpoint_prefix))
+            ),
+            opts=aws_opts,
+        )
+        return role
+
+    def _create_service_account(self, namespace: kubernetes.core.v1.Namespace, role: aws.iam.Role) -> kubernetes.core.v1.ServiceAccount:
+        return kubernetes.core.v1.ServiceAccount(
+            f"{self._name}-sa",
+            metadata={**self._metadata(self._team.service_account), "annotations": {"eks.amazonaws.com/role-arn": role.arn}},
+            opts=self._k8s(namespace),
+        )
+
+    def _create_network_policy(self, namespace: kubernetes.core.v1.Namespace) -> None:
+        kubernetes.networking.v1.NetworkPolicy(
+            f"{self._name}-isolation", metadata=self._metadata("deny-other-namespaces"), spec=team_network_policy_spec(),
+            opts=self._k8s(namespace),
+        )
+
+
+@dataclass(frozen=True)
+class PriorityClassesArgs:
+    k8s_provider: kubernetes.Provider
+
+
+class PriorityClasses(pulumi.ComponentResource):
+    """The cluster-wide PriorityClasses teams' jobs pick from (``infra.conventions.PRIORITY_CLASSES``)."""
+
+    def __init__(self, name: str, args: PriorityClassesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:tenancy:PriorityClasses", name, None, opts)
+        for class_name, value in PRIORITY_CLASSES.items():
+            kubernetes.scheduling.v1.PriorityClass(
+                f"{name}-{class_name}",
+                metadata={"name": class_name, "labels": {LABEL_PART_OF: PART_OF}},
+                value=value,
+                global_default=False,
+                preemption_policy="PreemptLowerPriority",
+                description=f"gpuyard training priority {class_name}",
+                opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
+            )
+        self.register_outputs({})
