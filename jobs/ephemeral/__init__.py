@@ -1,0 +1,1 @@
+"""Ephemeral environments: stacks with a lease, complete teardown, reaping."""

@@ -1,0 +1,367 @@
+"""Delete what Kubernetes and Karpenter left in AWS for a cluster, in dependency order.
+
+``pulumi destroy`` removes what the stack created. It cannot remove what controllers
+created at run time: instances Karpenter launched, load balancers and target groups of
+the AWS Load Balancer Controller, their security groups and ENIs, PVC volumes. Those
+block VPC deletion and keep billing. :class:`Cleaner` finds them by their cluster tags,
+skips anything the stack or EKS itself owns (``TAG_STACK``, ``aws:eks:cluster-name``),
+re-reads every resource's tags right before deleting it, and deletes kind by kind:
+
+instances (waits for termination) -> load balancers (listeners go with them) ->
+target groups -> available ENIs -> security groups -> available volumes.
+
+Each step lists its kind again, so ENIs and volumes that an earlier step freed are
+included. Throttling is retried by botocore (standard mode); ``DependencyViolation``
+and ``ResourceInUse`` by rounds with our own backoff. A lost endpoint stops the run;
+the report says what is left, and a rerun picks up from there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from botocore.exceptions import ClientError
+
+from infra.conventions import LABEL_NODEPOOL, TAG_STACK
+
+Tags = Mapping[str, str]
+Described = dict[str, tuple[dict[str, str], str]]  # id -> (tags, state)
+
+EKS_CLUSTER_NAME_TAG = "eks:eks-cluster-name"  # Karpenter v1 puts it on the instances it launches
+LBC_CLUSTER_TAG = "elbv2.k8s.aws/cluster"  # AWS Load Balancer Controller
+EKS_MANAGED_TAG = "aws:eks:cluster-name"  # EKS's own cluster security group: deleted with the cluster
+LIVE_INSTANCE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
+NOT_FOUND_CODES = frozenset({
+    "InvalidInstanceID.NotFound", "LoadBalancerNotFound", "TargetGroupNotFound",
+    "InvalidNetworkInterfaceID.NotFound", "InvalidGroup.NotFound", "InvalidVolume.NotFound",
+})
+ENDPOINT_ERRORS = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
+DEFAULT_MAX_ATTEMPTS = 10  # botocore standard retries (throttling, 5xx, connection); AWS_MAX_ATTEMPTS overrides
+ELBV2_TAGS_BATCH = 20
+
+
+class CleanupError(RuntimeError):
+    """Cleanup could not start (no region, no credentials, endpoint down), as one line."""
+
+
+def cluster_tag(cluster: str) -> str:
+    return f"kubernetes.io/cluster/{cluster}"
+
+
+def stack_owned(tags: Tags) -> bool:
+    """Created by the Pulumi stack or by EKS itself: their own destroy removes it."""
+    return TAG_STACK in tags or EKS_MANAGED_TAG in tags
+
+
+def karpenter_instance(tags: Tags, cluster: str) -> bool:
+    for_cluster = cluster_tag(cluster) in tags or tags.get(EKS_CLUSTER_NAME_TAG) == cluster
+    return LABEL_NODEPOOL in tags and for_cluster and not stack_owned(tags)
+
+
+def load_balancer_controller_resource(tags: Tags, cluster: str) -> bool:
+    return tags.get(LBC_CLUSTER_TAG) == cluster and not stack_owned(tags)
+
+
+def cluster_resource(tags: Tags, cluster: str) -> bool:
+    return cluster_tag(cluster) in tags and not stack_owned(tags)
+
+
+def cluster_owned(tags: Tags, cluster: str) -> bool:
+    return tags.get(cluster_tag(cluster)) == "owned" and not stack_owned(tags)
+
+
+@dataclass(frozen=True, order=True)
+class Orphan:
+    """One resource to delete; ``id`` is what the delete call takes (an ID or an ARN)."""
+
+    kind: str
+    id: str
+    name: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    deleted: list[Orphan] = field(default_factory=list)
+    failed: dict[Orphan, str] = field(default_factory=dict)
+    left: list[Orphan] = field(default_factory=list)
+    aborted: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed or self.left or self.aborted)
+
+
+def _tags(items: Iterable[Mapping[str, str]] | None) -> dict[str, str]:
+    return {item["Key"]: item["Value"] for item in items or ()}
+
+
+def _error_code(error: ClientError) -> str:
+    return error.response.get("Error", {}).get("Code", "")
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _retry_config() -> botocore.config.Config:
+    retries = {"mode": "standard"}
+    if "AWS_MAX_ATTEMPTS" not in os.environ:  # botocore reads it itself when set
+        retries["max_attempts"] = DEFAULT_MAX_ATTEMPTS
+    return botocore.config.Config(retries=retries)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How to list, re-read and delete one kind of resource."""
+
+    name: str
+    find: Callable[[], list[Orphan]]
+    describe: Callable[[list[str]], Described]  # only what still exists (terminated instances do not)
+    deletable: Callable[[dict[str, str], str], bool]  # tags and state, checked right before each delete
+    delete: Callable[[str], object]
+    retry_codes: frozenset[str] = frozenset()
+
+
+class Cleaner:
+    """Finds and deletes one cluster's leftovers through boto3 (``AWS_ENDPOINT_URL`` is honoured)."""
+
+    def __init__(self, cluster: str, region: str | None = None, *, wait_timeout: float = 600.0,
+                 poll_interval: float = 2.0, on_progress: Callable[[str], None] = lambda message: None):
+        if not cluster.strip():
+            raise CleanupError("empty cluster name: pass --cluster NAME")
+        self.cluster = cluster
+        self.wait_timeout = wait_timeout
+        self.poll_interval = poll_interval
+        self.on_progress = on_progress
+        try:
+            session = boto3.session.Session(region_name=region)
+            self.ec2 = session.client("ec2", config=_retry_config())
+            self.elbv2 = session.client("elbv2", config=_retry_config())
+        except botocore.exceptions.NoRegionError:
+            raise CleanupError("no AWS region: pass --region or set AWS_REGION") from None
+        self.kinds = (
+            Kind("instance", self._find_instances, self._describe_instances,
+                 lambda tags, state: karpenter_instance(tags, cluster), self._terminate_instance),
+            Kind("load-balancer", self._find_load_balancers, self._describe_load_balancers,
+                 lambda tags, state: load_balancer_controller_resource(tags, cluster),
+                 lambda arn: self.elbv2.delete_load_balancer(LoadBalancerArn=arn)),
+            Kind("target-group", self._find_target_groups, self._describe_target_groups,
+                 lambda tags, state: load_balancer_controller_resource(tags, cluster),
+                 lambda arn: self.elbv2.delete_target_group(TargetGroupArn=arn), frozenset({"ResourceInUse"})),
+            Kind("network-interface", self._find_network_interfaces, self._describe_network_interfaces,
+                 lambda tags, state: cluster_resource(tags, cluster) and state == "available",
+                 lambda eni: self.ec2.delete_network_interface(NetworkInterfaceId=eni)),
+            Kind("security-group", self._find_security_groups, self._describe_security_groups,
+                 lambda tags, state: cluster_resource(tags, cluster) and state != "default",
+                 lambda group: self.ec2.delete_security_group(GroupId=group), frozenset({"DependencyViolation"})),
+            Kind("volume", self._find_volumes, self._describe_volumes,
+                 lambda tags, state: cluster_owned(tags, cluster) and state == "available",
+                 lambda volume: self.ec2.delete_volume(VolumeId=volume)),
+        )
+
+    # -- the two entry points -------------------------------------------------
+
+    def find(self) -> list[Orphan]:
+        """Everything that would be deleted now, in deletion order."""
+        try:
+            return [orphan for kind in self.kinds for orphan in kind.find()]
+        except ENDPOINT_ERRORS as error:
+            raise CleanupError(f"AWS endpoint unreachable: {_one_line(error)}") from None
+        except (ClientError, botocore.exceptions.NoCredentialsError) as error:
+            raise CleanupError(f"cannot list resources of cluster {self.cluster!r}: {_one_line(error)}") from None
+
+    def run(self, plan: list[Orphan]) -> Report:
+        """Delete ``plan`` and whatever each step finds anew; report what is left."""
+        report = Report()
+        seen = list(plan)
+        try:
+            for kind in self.kinds:
+                current = kind.find()
+                seen += [orphan for orphan in current if orphan not in seen]
+                targets = sorted({*current, *(orphan for orphan in plan if orphan.kind == kind.name)})
+                if targets:
+                    self._delete_kind(kind, targets, report)
+        except ENDPOINT_ERRORS as error:
+            report.aborted = f"AWS endpoint lost: {_one_line(error)}"
+        try:
+            report.left = [] if report.aborted else self.find()
+        except CleanupError:
+            report.aborted = report.aborted or "AWS endpoint lost while checking what is left"
+        if report.aborted:
+            report.left = [orphan for orphan in seen if orphan not in report.deleted]
+        return report
+
+    # -- deleting ---------------------------------------------------------------
+
+    def _delete_kind(self, kind: Kind, targets: list[Orphan], report: Report) -> None:
+        """Re-check tags, delete, retry dependency errors in rounds, then wait until gone."""
+        requested: list[Orphan] = []
+        pending = targets
+        deadline = time.monotonic() + self.wait_timeout
+        delay = self.poll_interval
+        while pending:
+            current = kind.describe([orphan.id for orphan in pending])
+            retry = []
+            for orphan in pending:
+                if orphan.id not in current:
+                    report.deleted.append(orphan)  # already gone: a rerun or someone else
+                    continue
+                tags, state = current[orphan.id]
+                if not kind.deletable(tags, state):
+                    report.failed[orphan] = f"left alone: tags or state changed ({state})"
+                    continue
+                try:
+                    kind.delete(orphan.id)
+                except ClientError as error:
+                    code = _error_code(error)
+                    if code in NOT_FOUND_CODES:
+                        report.deleted.append(orphan)
+                    elif code in kind.retry_codes and time.monotonic() < deadline:
+                        retry.append(orphan)
+                    else:
+                        report.failed[orphan] = _one_line(error)
+                    continue
+                requested.append(orphan)
+                self.on_progress(f"deleting {orphan.kind} {orphan.id} {orphan.name}".rstrip())
+            if retry:
+                self.on_progress(f"{len(retry)} {kind.name}(s) still in use, retrying in {delay:.0f}s")
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            pending = retry
+        self._wait_gone(kind, requested, report)
+
+    def _wait_gone(self, kind: Kind, orphans: list[Orphan], report: Report) -> None:
+        deadline = time.monotonic() + self.wait_timeout
+        remaining = {orphan.id: orphan for orphan in orphans}
+        while remaining:
+            still = kind.describe(list(remaining))
+            for orphan_id in [i for i in remaining if i not in still]:
+                orphan = remaining.pop(orphan_id)
+                report.deleted.append(orphan)
+                self.on_progress(f"deleted {orphan.kind} {orphan.id}")
+            if not remaining:
+                return
+            if time.monotonic() >= deadline:
+                for orphan_id, orphan in remaining.items():
+                    report.failed[orphan] = f"still {still[orphan_id][1]} after {self.wait_timeout:.0f}s"
+                return
+            time.sleep(self.poll_interval)
+
+    def _terminate_instance(self, instance_id: str) -> None:
+        self.ec2.terminate_instances(InstanceIds=[instance_id])
+
+    # -- EC2 instances ------------------------------------------------------------
+
+    def _instances(self, filters: list[dict]) -> Iterable[dict]:
+        pages = self.ec2.get_paginator("describe_instances").paginate(Filters=filters)
+        for page in pages:
+            for reservation in page["Reservations"]:
+                yield from reservation["Instances"]
+
+    def _find_instances(self) -> list[Orphan]:
+        filters = [{"Name": "tag-key", "Values": [LABEL_NODEPOOL]},
+                   {"Name": "instance-state-name", "Values": list(LIVE_INSTANCE_STATES)}]
+        return [Orphan("instance", i["InstanceId"], _tags(i.get("Tags")).get("Name", ""),
+                       f"{_tags(i.get('Tags'))[LABEL_NODEPOOL]} {i.get('InstanceType', '')}".strip())
+                for i in self._instances(filters) if karpenter_instance(_tags(i.get("Tags")), self.cluster)]
+
+    def _describe_instances(self, ids: list[str]) -> Described:
+        filters = [{"Name": "instance-id", "Values": ids},
+                   {"Name": "instance-state-name", "Values": list(LIVE_INSTANCE_STATES)}]
+        return {i["InstanceId"]: (_tags(i.get("Tags")), i["State"]["Name"]) for i in self._instances(filters)}
+
+    # -- ELBv2 ----------------------------------------------------------------------
+
+    def _elbv2_tags(self, arns: list[str]) -> dict[str, dict[str, str]]:
+        tags: dict[str, dict[str, str]] = {}
+        for batch in _chunks(arns, ELBV2_TAGS_BATCH):
+            for description in self.elbv2.describe_tags(ResourceArns=batch)["TagDescriptions"]:
+                tags[description["ResourceArn"]] = _tags(description.get("Tags"))
+        return tags
+
+    def _load_balancers(self) -> list[dict]:
+        pages = self.elbv2.get_paginator("describe_load_balancers").paginate()
+        return [lb for page in pages for lb in page["LoadBalancers"]]
+
+    def _find_load_balancers(self) -> list[Orphan]:
+        balancers = self._load_balancers()
+        tags = self._elbv2_tags([lb["LoadBalancerArn"] for lb in balancers])
+        return [Orphan("load-balancer", lb["LoadBalancerArn"], lb["LoadBalancerName"], lb.get("Type", ""))
+                for lb in balancers if load_balancer_controller_resource(tags.get(lb["LoadBalancerArn"], {}), self.cluster)]
+
+    def _describe_load_balancers(self, arns: list[str]) -> Described:
+        found = [lb for lb in self._load_balancers() if lb["LoadBalancerArn"] in arns]
+        tags = self._elbv2_tags([lb["LoadBalancerArn"] for lb in found])
+        return {lb["LoadBalancerArn"]: (tags.get(lb["LoadBalancerArn"], {}), lb.get("State", {}).get("Code", "")) for lb in found}
+
+    def _target_groups(self) -> list[dict]:
+        pages = self.elbv2.get_paginator("describe_target_groups").paginate()
+        return [tg for page in pages for tg in page["TargetGroups"]]
+
+    def _find_target_groups(self) -> list[Orphan]:
+        groups = self._target_groups()
+        tags = self._elbv2_tags([tg["TargetGroupArn"] for tg in groups])
+        return [Orphan("target-group", tg["TargetGroupArn"], tg["TargetGroupName"], tg.get("TargetType", ""))
+                for tg in groups if load_balancer_controller_resource(tags.get(tg["TargetGroupArn"], {}), self.cluster)]
+
+    def _describe_target_groups(self, arns: list[str]) -> Described:
+        found = [tg for tg in self._target_groups() if tg["TargetGroupArn"] in arns]
+        tags = self._elbv2_tags([tg["TargetGroupArn"] for tg in found])
+        return {tg["TargetGroupArn"]: (tags.get(tg["TargetGroupArn"], {}), "") for tg in found}
+
+    # -- ENIs, security groups, volumes -----------------------------------------------
+
+    def _network_interfaces(self, filters: list[dict]) -> list[dict]:
+        pages = self.ec2.get_paginator("describe_network_interfaces").paginate(Filters=filters)
+        return [eni for page in pages for eni in page["NetworkInterfaces"]]
+
+    def _find_network_interfaces(self) -> list[Orphan]:
+        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]}, {"Name": "status", "Values": ["available"]}]
+        return [Orphan("network-interface", eni["NetworkInterfaceId"], eni.get("Description", ""), eni["Status"])
+                for eni in self._network_interfaces(filters)
+                if cluster_resource(_tags(eni.get("TagSet")), self.cluster) and eni["Status"] == "available"]
+
+    def _describe_network_interfaces(self, ids: list[str]) -> Described:
+        found = self._network_interfaces([{"Name": "network-interface-id", "Values": ids}])
+        return {eni["NetworkInterfaceId"]: (_tags(eni.get("TagSet")), eni["Status"]) for eni in found}
+
+    def _security_groups(self, filters: list[dict]) -> list[dict]:
+        pages = self.ec2.get_paginator("describe_security_groups").paginate(Filters=filters)
+        return [group for page in pages for group in page["SecurityGroups"]]
+
+    def _find_security_groups(self) -> list[Orphan]:
+        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]}]
+        return [Orphan("security-group", g["GroupId"], g["GroupName"], g.get("VpcId", ""))
+                for g in self._security_groups(filters)
+                if cluster_resource(_tags(g.get("Tags")), self.cluster) and g["GroupName"] != "default"]
+
+    def _describe_security_groups(self, ids: list[str]) -> Described:
+        found = self._security_groups([{"Name": "group-id", "Values": ids}])
+        return {g["GroupId"]: (_tags(g.get("Tags")), "default" if g["GroupName"] == "default" else "") for g in found}
+
+    def _volumes(self, filters: list[dict]) -> list[dict]:
+        pages = self.ec2.get_paginator("describe_volumes").paginate(Filters=filters)
+        return [volume for page in pages for volume in page["Volumes"]]
+
+    def _find_volumes(self) -> list[Orphan]:
+        filters = [{"Name": f"tag:{cluster_tag(self.cluster)}", "Values": ["owned"]},
+                   {"Name": "status", "Values": ["available"]}]
+        return [Orphan("volume", v["VolumeId"], _tags(v.get("Tags")).get("Name", ""), f"{v['Size']} GiB {v['State']}")
+                for v in self._volumes(filters)
+                if cluster_owned(_tags(v.get("Tags")), self.cluster) and v["State"] == "available"]
+
+    def _describe_volumes(self, ids: list[str]) -> Described:
+        return {v["VolumeId"]: (_tags(v.get("Tags")), v["State"])
+                for v in self._volumes([{"Name": "volume-id", "Values": ids}])}

@@ -1,0 +1,382 @@
+"""``gpuyard env cleanup`` against a real moto_server: exactly the cluster's leftovers go, in order.
+
+Seeds, for cluster ``alpha``, what Karpenter and the AWS Load Balancer Controller leave behind,
+plus look-alikes that must survive: the same kinds for cluster ``beta``, untagged ones, and
+``alpha``-tagged ones owned by the stack or EKS, not Karpenter-launched, attached or shared.
+Faults go through a real HTTP proxy in front of moto that throttles or goes down mid-way.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import pytest
+
+from infra.conventions import TAG_STACK
+from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan
+
+pytestmark = pytest.mark.slow
+
+CLUSTER, OTHER = "alpha", "beta"
+REGION = "us-east-1"
+GPUYARD = str(Path(sys.executable).with_name("gpuyard"))
+
+
+def _tag_spec(kind: str, tags: dict[str, str]) -> list[dict]:
+    return [{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
+
+
+def _elb_tags(tags: dict[str, str]) -> dict:
+    return {"Tags": [{"Key": k, "Value": v} for k, v in tags.items()]} if tags else {}
+
+
+@dataclass
+class World:
+    """IDs of everything seeded, by kind, split into what cleanup must delete and what must stay."""
+
+    doomed: set[tuple[str, str]] = field(default_factory=set)
+    kept: set[tuple[str, str]] = field(default_factory=set)
+
+
+class Seeder:
+    def __init__(self, endpoint: str):
+        session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.ec2 = session.client("ec2", endpoint_url=endpoint)
+        self.elbv2 = session.client("elbv2", endpoint_url=endpoint)
+        self.vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        self.subnets = [self.ec2.create_subnet(VpcId=self.vpc, CidrBlock=f"10.0.{i}.0/24",
+                                               AvailabilityZone=f"{REGION}{az}")["Subnet"]["SubnetId"]
+                        for i, az in enumerate("ab", start=1)]
+        self.world = World()
+        self.count = 0
+
+    def _name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}-{self.count}"
+
+    def _record(self, doomed: bool, kind: str, resource_id: str) -> str:
+        (self.world.doomed if doomed else self.world.kept).add((kind, resource_id))
+        return resource_id
+
+    def instance(self, tags: dict[str, str], doomed: bool) -> str:
+        reply = self.ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
+                                       SubnetId=self.subnets[0], TagSpecifications=_tag_spec("instance", tags))
+        return self._record(doomed, "instance", reply["Instances"][0]["InstanceId"])
+
+    def load_balancer(self, tags: dict[str, str], doomed: bool, kind: str = "application") -> str:
+        lb = self.elbv2.create_load_balancer(Name=self._name("lb"), Subnets=self.subnets, Type=kind,
+                                             **_elb_tags(tags))["LoadBalancers"][0]
+        group = self.target_group(tags, doomed, protocol="HTTP" if kind == "application" else "TCP")
+        self.elbv2.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Port=80,
+                                   Protocol="HTTP" if kind == "application" else "TCP",
+                                   DefaultActions=[{"Type": "forward", "TargetGroupArn": group}])
+        return self._record(doomed, "load-balancer", lb["LoadBalancerArn"])
+
+    def target_group(self, tags: dict[str, str], doomed: bool, protocol: str = "HTTP") -> str:
+        group = self.elbv2.create_target_group(Name=self._name("tg"), Protocol=protocol, Port=80, VpcId=self.vpc,
+                                               TargetType="ip", **_elb_tags(tags))["TargetGroups"][0]
+        return self._record(doomed, "target-group", group["TargetGroupArn"])
+
+    def security_group(self, tags: dict[str, str], doomed: bool) -> str:
+        group = self.ec2.create_security_group(GroupName=self._name("sg"), Description="test", VpcId=self.vpc,
+                                               TagSpecifications=_tag_spec("security-group", tags))["GroupId"]
+        return self._record(doomed, "security-group", group)
+
+    def network_interface(self, tags: dict[str, str], doomed: bool, attach: bool = False) -> str:
+        eni = self.ec2.create_network_interface(SubnetId=self.subnets[0], TagSpecifications=_tag_spec(
+            "network-interface", tags))["NetworkInterface"]["NetworkInterfaceId"]
+        if attach:
+            host = self.instance({}, doomed=False)
+            self.ec2.attach_network_interface(NetworkInterfaceId=eni, InstanceId=host, DeviceIndex=1)
+        return self._record(doomed, "network-interface", eni)
+
+    def volume(self, tags: dict[str, str], doomed: bool) -> str:
+        volume = self.ec2.create_volume(Size=8, AvailabilityZone=f"{REGION}a",
+                                        TagSpecifications=_tag_spec("volume", tags))["VolumeId"]
+        return self._record(doomed, "volume", volume)
+
+    def cluster_leftovers(self, cluster: str, doomed: bool) -> None:
+        """What one cluster's controllers leave: Karpenter nodes, ALB/NLB + TGs, SG, ENI, PVC volume."""
+        self.instance({"karpenter.sh/nodepool": "gpu-on-demand", f"kubernetes.io/cluster/{cluster}": "owned"}, doomed)
+        self.instance({"karpenter.sh/nodepool": "gpu-spot", "eks:eks-cluster-name": cluster}, doomed)
+        lbc = {"elbv2.k8s.aws/cluster": cluster, "ingress.k8s.aws/stack": "team-vision/train"}
+        self.load_balancer(lbc, doomed, "application")
+        self.load_balancer(lbc, doomed, "network")
+        self.target_group(lbc, doomed)
+        self.security_group({f"kubernetes.io/cluster/{cluster}": "owned", "elbv2.k8s.aws/cluster": cluster}, doomed)
+        self.network_interface({f"kubernetes.io/cluster/{cluster}": "owned"}, doomed)
+        self.volume({f"kubernetes.io/cluster/{cluster}": "owned", "kubernetes.io/created-for/pvc/name": "ckpt"}, doomed)
+
+    def look_alikes(self, cluster: str) -> None:
+        """Tagged for ``cluster`` but not ours to delete."""
+        owned = {f"kubernetes.io/cluster/{cluster}": "owned"}
+        self.instance({**owned, "eks:nodegroup-name": "system"}, doomed=False)  # managed node group, no Karpenter tag
+        self.instance({"karpenter.sh/nodepool": "cpu", TAG_STACK: "eph", **owned}, doomed=False)
+        self.security_group({**owned, TAG_STACK: "eph"}, doomed=False)  # the stack's node security group
+        self.security_group({**owned, "aws:eks:cluster-name": cluster}, doomed=False)  # EKS's cluster SG
+        self.load_balancer({"elbv2.k8s.aws/cluster": cluster, TAG_STACK: "eph"}, doomed=False)
+        self.network_interface(owned, doomed=False, attach=True)  # in use
+        self.volume({f"kubernetes.io/cluster/{cluster}": "shared"}, doomed=False)  # not owned by the cluster
+
+    def untagged(self) -> None:
+        self.instance({"karpenter.sh/nodepool": "gpu-on-demand"}, doomed=False)  # no cluster tag
+        self.load_balancer({}, doomed=False)
+        self.target_group({}, doomed=False)
+        self.security_group({}, doomed=False)
+        self.network_interface({}, doomed=False)
+        self.volume({}, doomed=False)
+
+    def existing(self) -> set[tuple[str, str]]:
+        """Which seeded resources still exist (terminated instances do not)."""
+        seeded = self.world.doomed | self.world.kept
+        ids = {kind: {i for k, i in seeded if k == kind} for kind, _ in seeded}
+        live = {("instance", i["InstanceId"]) for r in self.ec2.describe_instances()["Reservations"]
+                for i in r["Instances"] if i["State"]["Name"] != "terminated"}
+        live |= {("load-balancer", lb["LoadBalancerArn"]) for lb in self.elbv2.describe_load_balancers()["LoadBalancers"]}
+        live |= {("target-group", tg["TargetGroupArn"]) for tg in self.elbv2.describe_target_groups()["TargetGroups"]}
+        live |= {("security-group", g["GroupId"]) for g in self.ec2.describe_security_groups()["SecurityGroups"]}
+        live |= {("network-interface", e["NetworkInterfaceId"])
+                 for e in self.ec2.describe_network_interfaces()["NetworkInterfaces"]}
+        live |= {("volume", v["VolumeId"]) for v in self.ec2.describe_volumes()["Volumes"]}
+        return {(kind, i) for kind, i in live if i in ids.get(kind, ())}
+
+
+def seed(endpoint: str) -> Seeder:
+    seeder = Seeder(endpoint)
+    seeder.cluster_leftovers(CLUSTER, doomed=True)
+    seeder.cluster_leftovers(OTHER, doomed=False)
+    seeder.look_alikes(CLUSTER)
+    seeder.untagged()
+    return seeder
+
+
+class FaultyProxy:
+    """An HTTP proxy on 127.0.0.1 in front of moto that can throttle or go down mid-way.
+
+    ``throttle_every=n`` answers every n-th request with the service's throttling error;
+    ``down_on=b"Action=X"`` forwards nothing from the first request containing it on, until
+    ``up()``: the listener is closed (connection refused) and open connections are cut.
+    """
+
+    def __init__(self, upstream_port: int, throttle_every: int = 0, down_on: bytes | None = None):
+        self.upstream_port = upstream_port
+        self.throttle_every = throttle_every
+        self.down_on = down_on
+        self.requests = self.throttled = 0
+        self.down = threading.Event()
+        self.lock = threading.Lock()
+        self.server: http.server.ThreadingHTTPServer | None = None
+        self.port = 0
+        self._start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if proxy._goes_down(body):
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if proxy._throttles():
+                    self._reply(400, _throttling_body(self.headers.get("Authorization", "")), {})
+                    return
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
+                upstream.request(self.command, self.path, body, dict(self.headers))
+                response = upstream.getresponse()
+                self._reply(response.status, response.read(), dict(response.getheaders()))
+                upstream.close()
+
+            do_GET = do_POST
+
+            def _reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for key, value in headers.items():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _goes_down(self, body: bytes) -> bool:
+        if self.down.is_set():
+            return True
+        if self.down_on and self.down_on in body:
+            self.down.set()
+            threading.Thread(target=self._close_listener, daemon=True).start()
+            return True
+        return False
+
+    def _throttles(self) -> bool:
+        with self.lock:
+            self.requests += 1
+            throttle = bool(self.throttle_every) and self.requests % self.throttle_every == 0
+            self.throttled += throttle
+        return throttle
+
+    def _close_listener(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def up(self) -> None:
+        self.down_on = None
+        self.down.clear()
+        self._start()
+
+    def close(self) -> None:
+        if not self.down.is_set():
+            self._close_listener()
+
+
+def _throttling_body(authorization: str) -> bytes:
+    if "/elasticloadbalancing/" in authorization:
+        return (b"<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>"
+                b"<Message>Rate exceeded</Message></Error><RequestId>1</RequestId></ErrorResponse>")
+    return (b"<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded."
+            b"</Message></Error></Errors><RequestID>1</RequestID></Response>")
+
+
+def gpuyard(*args: str, endpoint: str, stdin: str | None = None, extra_env: dict[str, str] | None = None):
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "COLUMNS": "200", **(extra_env or {})}
+    return subprocess.run([GPUYARD, *args], env=env, text=True, capture_output=True,
+                          input=stdin, timeout=300)
+
+
+@pytest.fixture
+def seeded(local_aws):
+    return seed(local_aws.endpoint_url)
+
+
+def test_finds_exactly_the_clusters_leftovers_in_dependency_order(local_aws, seeded):
+    plan = Cleaner(CLUSTER).find()
+    assert {(o.kind, o.id) for o in plan} == seeded.world.doomed
+    order = ["instance", "load-balancer", "target-group", "network-interface", "security-group", "volume"]
+    assert [o.kind for o in plan] == sorted((o.kind for o in plan), key=order.index)
+
+
+def test_cleanup_deletes_exactly_the_first_cluster_then_finds_nothing(local_aws, seeded):
+    before = seeded.existing()
+    first = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert seeded.existing() == before - seeded.world.doomed
+    assert f"deleted {len(seeded.world.doomed)} resource(s)" in first.stdout
+
+    second = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url)
+    assert second.returncode == 0 and "nothing to clean up for cluster alpha" in second.stdout
+    assert seeded.existing() == before - seeded.world.doomed
+
+
+def test_dry_run_lists_a_table_and_changes_nothing(local_aws, seeded):
+    before = seeded.existing()
+    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--dry-run", endpoint=local_aws.endpoint_url)
+    assert result.returncode == 0, result.stderr
+    assert "dry run: nothing deleted" in result.stdout
+    for kind, resource_id in seeded.world.doomed:
+        assert resource_id.rsplit("/", 1)[-1] in result.stdout, (kind, resource_id)
+    assert seeded.existing() == before
+
+
+@pytest.mark.parametrize("answer", [None, "n\n", ""])
+def test_without_yes_it_asks_and_no_or_end_of_input_deletes_nothing(local_aws, seeded, answer):
+    before = seeded.existing()
+    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, endpoint=local_aws.endpoint_url,
+                     stdin=answer if answer is not None else "")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "gpuyard: error: not confirmed, nothing deleted (pass --yes to skip the question)"]
+    assert seeded.existing() == before
+
+
+def test_answering_yes_deletes(local_aws, seeded):
+    before = seeded.existing()
+    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, endpoint=local_aws.endpoint_url, stdin="y\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert seeded.existing() == before - seeded.world.doomed
+
+
+def test_endpoint_lost_mid_way_reports_what_is_left_and_a_rerun_finishes(local_aws, seeded):
+    before = seeded.existing()
+    proxy = FaultyProxy(local_aws.port, down_on=b"Action=DeleteTargetGroup")
+    try:
+        broken = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=proxy.endpoint_url,
+                         extra_env={"AWS_MAX_ATTEMPTS": "2"})
+        assert broken.returncode == 1, broken.stdout + broken.stderr
+        assert "stopped early: AWS endpoint lost" in broken.stdout
+        left = seeded.existing()
+        doomed_kinds_left = {kind for kind, _ in left & seeded.world.doomed}
+        assert doomed_kinds_left == {"target-group", "network-interface", "security-group", "volume"}
+        assert not {kind for kind, _ in before - left} - {"instance", "load-balancer"}  # done before the fault
+        for _, resource_id in left & seeded.world.doomed:
+            assert resource_id.rsplit("/", 1)[-1] in broken.stdout  # reported as left
+
+        proxy.up()
+        rerun = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=proxy.endpoint_url)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert seeded.existing() == before - seeded.world.doomed
+    finally:
+        proxy.close()
+
+
+def test_throttled_requests_are_retried_and_cleanup_finishes(local_aws, seeded):
+    before = seeded.existing()
+    proxy = FaultyProxy(local_aws.port, throttle_every=3)
+    try:
+        result = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=proxy.endpoint_url)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert proxy.throttled >= 10
+        assert seeded.existing() == before - seeded.world.doomed
+    finally:
+        proxy.close()
+
+
+def test_a_resource_whose_tags_change_before_delete_is_left_alone(local_aws):
+    seeder = Seeder(local_aws.endpoint_url)
+    volume = seeder.volume({"kubernetes.io/cluster/alpha": "owned"}, doomed=False)
+    cleaner = Cleaner(CLUSTER)
+    plan = cleaner.find()
+    assert plan == [Orphan("volume", volume, "", "8 GiB available")]
+    seeder.ec2.create_tags(Resources=[volume], Tags=[{"Key": TAG_STACK, "Value": "adopted"}])
+    report = cleaner.run(plan)
+    assert not report.ok and report.failed[plan[0]].startswith("left alone")
+    assert seeder.existing() == {("volume", volume)}
+
+
+def test_empty_cluster_name_is_a_usage_error(local_aws):
+    result = gpuyard("env", "cleanup", "--cluster", " ", "--yes", endpoint=local_aws.endpoint_url)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["gpuyard: error: empty cluster name: pass --cluster NAME"]
+    with pytest.raises(CleanupError, match="empty cluster name"):
+        Cleaner("")
+
+
+def test_unreachable_endpoint_before_any_change_is_one_line():
+    from jobs.local_aws import free_port
+    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=f"http://127.0.0.1:{free_port()}",
+                     extra_env={"AWS_MAX_ATTEMPTS": "1"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuyard: error: AWS endpoint unreachable:")
