@@ -122,6 +122,17 @@ def parse_nodes(text: str) -> tuple[int, int]:
     return numbers[0], numbers[-1]
 
 
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` -> ``{"KEY": "VALUE"}`` (the value may contain ``=``)."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"bad env {item!r}: expected KEY=VALUE, e.g. NCCL_DEBUG=INFO")
+        env[key] = value
+    return env
+
+
 def default_image(config: StackConfig, team: Team, kind: Kind) -> str:
     """The kind's image; a team's own image replaces the ``ddp`` one."""
     image = KIND_IMAGE[kind]
@@ -159,6 +170,8 @@ def build_spec(
     **fields,
 ) -> JobSpec:
     """A JobSpec for ``team`` with every unset field defaulted; raises SpecError (one line)."""
+    if kind not in KINDS:
+        raise SpecError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
     name = name or f"{team.name}-{kind}"
     ckpt = fields.pop("checkpoint_uri", None) or checkpoint_uri(config, team, name)
     args = tuple(trainer_args(ckpt, epochs).to_argv())
@@ -183,4 +196,6 @@ def build_spec(
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
-        raise SpecError(f"{where}: {message}" if where else message) from None
+        if where:
+            message = f"{where}: {message} (got {first['input']!r})"
+        raise SpecError(message) from None

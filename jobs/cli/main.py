@@ -23,6 +23,8 @@ def _group() -> None:
 from jobs.cli import demo  # noqa: E402,F401
 from jobs.cli import env  # noqa: E402,F401
 from jobs.cli import images  # noqa: E402,F401
+from jobs.cli import plan  # noqa: E402,F401
+from jobs.cli import render  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,61 @@
+"""``gpuyard render``: job manifests for a team, or every kind for every team of a stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from infra.config import ConfigError, load_stack
+from jobs.cli.errors import fail
+from jobs.cli.main import app
+from jobs.render import default_specs, manifest_path, render, to_yaml, write_manifests
+from jobs.spec import KINDS, SpecError, build_spec, parse_env, parse_nodes
+
+
+@app.command("render")
+def render_command(
+    stack: str = typer.Option("dev", "--stack", help="Stack whose teams, images and bucket to use."),
+    team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),
+    kind: str | None = typer.Option(None, "--kind", help=f"Job kind: {' | '.join(KINDS)}."),
+    all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
+    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1123 label; default <team>-<kind>)."),
+    nodes: str = typer.Option("2", "--nodes", help="Nodes N, or MIN:MAX for an elastic PyTorchJob."),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=0, help="GPUs per node (0 = CPU only)."),
+    cpu: float | None = typer.Option(None, "--cpu", help="CPUs per node (default 3 per GPU, 2 on CPU)."),
+    memory_gib: int | None = typer.Option(None, "--memory-gib", help="Memory per node in GiB."),
+    efa: int | None = typer.Option(None, "--efa", help="EFA devices per node (sets FI_PROVIDER=efa)."),
+    capacity_type: str = typer.Option("on-demand", "--capacity-type", help="on-demand | spot."),
+    node_pool: str | None = typer.Option(None, "--node-pool", help="Karpenter NodePool (default from GPUs/capacity)."),
+    image: str | None = typer.Option(None, "--image", help="Container image (default the kind's gpuyard image)."),
+    epochs: int = typer.Option(10, "--epochs", help="Trainer epochs."),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts before the job fails."),
+    ttl: int | None = typer.Option(None, "--ttl", help="Seconds to keep the finished job."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the trainer, repeatable."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Folder for one file per manifest."),
+) -> None:
+    """Render job manifests: YAML on stdout, or <team>/<name>.yaml files in --output."""
+    try:
+        config = load_stack(stack)
+        if all_:
+            if team or kind:
+                raise SpecError("--all renders every team and kind: drop --team/--kind")
+            specs = default_specs(config)
+        else:
+            if not team or not kind:
+                raise SpecError("--team and --kind are required (or --all)")
+            min_nodes, max_nodes = parse_nodes(nodes)
+            specs = [build_spec(
+                config, config.team(team), kind, name=name, nodes=max_nodes, min_nodes=min_nodes,
+                gpus_per_node=gpus_per_node, capacity_type=capacity_type, epochs=epochs, cpu=cpu,
+                memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool, image=image,
+                max_restarts=max_restarts, ttl_seconds_after_finished=ttl, env=parse_env(env) or None,
+            )]
+        rendered = {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
+    except (ConfigError, SpecError) as error:
+        fail(str(error))
+    if output is None:
+        typer.echo("---\n".join(to_yaml(manifest) for manifest in rendered.values()), nl=False)
+        return
+    for path in write_manifests(rendered, output):
+        typer.echo(str(path))
