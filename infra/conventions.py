@@ -43,4 +43,4 @@ IMAGE_NAMES = ("ddp", "mpi", "ray")
 
 # AWS tag on every resource the Pulumi stack creates (provider default_tags, value: the stack name).
 # `gpuyard env cleanup` deletes what Kubernetes and Karpenter left for a cluster and never a resource with this tag.
-TAG_STACK = "gpuyard:stack"
+TAG_STACK = "gpuyard.io/stack"
