@@ -1,0 +1,292 @@
+"""One test per JobSpec field or rendering rule that matters on a cluster."""
+
+import shlex
+
+import pytest
+
+from infra.config import parse_stack
+from infra.conventions import (
+    ANNOTATION_DO_NOT_DISRUPT,
+    GPU_TAINT_KEY,
+    LABEL_CAPACITY_TYPE,
+    LABEL_NODEPOOL,
+    LABEL_TEAM,
+    METRICS_PORT,
+    NODEPOOL_CPU,
+    NODEPOOL_GPU_ON_DEMAND,
+    NODEPOOL_GPU_SPOT,
+)
+from jobs.images import image_ref
+from jobs.render import render
+from jobs.spec import KINDS, SpecError, parse_env, parse_nodes, trainer_args
+from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
+from render_helpers import STACK, make_spec, pod_templates, rendered, trainer_resources, trainer_templates
+
+
+def trainer_container(manifest: dict) -> dict:
+    _, pod = trainer_templates(manifest)[0]
+    return pod["spec"]["containers"][0]
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", [])}
+
+
+# --- the trainer command line is TrainArgs.to_argv(), the one the workload parses ---
+
+def expected_argv(kind: str, team: str = "vision") -> list[str]:
+    spec = make_spec(kind, team)
+    return trainer_args(f"s3://yard-checkpoints/teams/{team}/{spec.name}").to_argv()
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_torchrun_kinds_pass_train_args_verbatim(kind):
+    manifest = rendered(kind)
+    command, args = (manifest["spec"]["trainer"]["command"], manifest["spec"]["trainer"]["args"]) \
+        if kind == "trainjob" else (trainer_container(manifest)["command"], trainer_container(manifest)["args"])
+    assert command[0] == "torchrun" and command[-2:] == ["-m", TRAIN_MODULE]
+    assert args == expected_argv(kind)
+    assert parse_args(args).to_argv() == args
+
+
+@pytest.mark.parametrize("kind", ["mpijob", "volcanojob"])
+def test_mpi_launcher_passes_train_args_verbatim(kind):
+    launcher = next(pod for role, _, pod in pod_templates(rendered(kind)) if role in ("launcher", "mpimaster"))
+    container = launcher["spec"]["containers"][0]
+    assert container["command"][0] == "mpirun" and container["command"][-3:] == ["python3", "-m", TRAIN_MODULE]
+    assert container["args"] == expected_argv(kind)
+
+
+def test_ray_entrypoint_is_train_args_plus_num_workers():
+    entry = shlex.split(rendered("rayjob", nodes=3, gpus_per_node=4)["spec"]["entrypoint"])
+    assert entry[:3] == ["python", "-m", RAY_MODULE]
+    assert entry[3:-2] == expected_argv("rayjob")
+    assert entry[-2:] == ["--num-workers", "12"]
+
+
+# --- names, rendezvous, gang ---
+
+def test_rdzv_id_is_unique_per_job_not_the_default():
+    first = trainer_container(rendered(name="job-a"))["command"]
+    second = trainer_container(rendered(name="job-b"))["command"]
+    ids = [next(arg for arg in command if arg.startswith("--rdzv-id=")) for command in (first, second)]
+    assert ids == ["--rdzv-id=team-vision-job-a", "--rdzv-id=team-vision-job-b"]
+    assert "--rdzv-backend=c10d" in first
+
+
+def test_fixed_pytorchjob_is_master_plus_workers():
+    manifest = rendered(nodes=4, gpus_per_node=8)
+    replicas = {role: count for role, count, _ in pod_templates(manifest)}
+    assert replicas == {"master": 1, "worker": 3}
+    assert "elasticPolicy" not in manifest["spec"]
+    command = trainer_container(manifest)["command"]
+    assert "--nnodes=4" in command and "--nproc-per-node=8" in command
+    assert manifest["spec"]["nprocPerNode"] == "8"
+
+
+def test_single_node_pytorchjob_has_no_workers():
+    assert [role for role, _, _ in pod_templates(rendered(nodes=1))] == ["master"]
+
+
+def test_elastic_pytorchjob_runs_workers_with_c10d_policy():
+    manifest = rendered(nodes=6, min_nodes=2)
+    policy = manifest["spec"]["elasticPolicy"]
+    assert policy["rdzvBackend"] == "c10d" and (policy["minReplicas"], policy["maxReplicas"]) == (2, 6)
+    assert [(role, count) for role, count, _ in pod_templates(manifest)] == [("worker", 6)]
+    assert "--nnodes=2:6" in trainer_container(manifest)["command"]
+    assert manifest["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 2
+
+
+def test_scheduling_policy_uses_team_queue_and_priority():
+    policy = rendered("pytorchjob", "nlp")["spec"]["runPolicy"]["schedulingPolicy"]
+    assert policy == {"queue": "nlp", "minAvailable": 2, "priorityClass": "gpuyard-low"}
+
+
+def test_mpijob_waits_for_workers_and_gangs_the_workers():
+    spec = rendered("mpijob", nodes=3, gpus_per_node=8)["spec"]
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["slotsPerWorker"] == 8
+    assert spec["runPolicy"]["schedulingPolicy"]["minAvailable"] == 3
+    launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"][:3] == ["mpirun", "-np", "24"]
+    assert env_of(launcher)["MASTER_ADDR"] == "vision-mpijob-worker-0.vision-mpijob.team-vision.svc"
+    exported = [launcher["command"][i + 1] for i, arg in enumerate(launcher["command"]) if arg == "-x"]
+    assert {"MASTER_ADDR", "MASTER_PORT", "NCCL_DEBUG", "AWS_ROLE_ARN"} <= set(exported)
+
+
+def test_volcano_job_gangs_every_pod_with_policies():
+    spec = rendered("volcanojob", nodes=2)["spec"]
+    assert spec["minAvailable"] == 3 and spec["schedulerName"] == "volcano" and spec["queue"] == "vision"
+    assert set(spec["plugins"]) == {"ssh", "svc"}
+    assert spec["policies"] == [{"event": "PodEvicted", "action": "RestartJob"}]
+    master = spec["tasks"][0]
+    assert master["name"] == "mpimaster" and master["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
+    command = master["template"]["spec"]["containers"][0]["command"]
+    hosts = command[command.index("--host") + 1]
+    assert hosts == "vision-volcanojob-mpiworker-0.vision-volcanojob:1,vision-volcanojob-mpiworker-1.vision-volcanojob:1"
+
+
+def test_rayjob_is_volcano_scheduled_and_cleans_up():
+    manifest = rendered("rayjob", nodes=3, ttl_seconds_after_finished=120)
+    labels = manifest["metadata"]["labels"]
+    assert labels["ray.io/scheduler-name"] == "volcano" and labels["volcano.sh/queue-name"] == "vision"
+    spec = manifest["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 120
+    group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+
+
+def test_trainjob_references_the_runtime_and_sizes_nodes():
+    spec = rendered("trainjob", nodes=4, gpus_per_node=2)["spec"]
+    assert spec["runtimeRef"]["name"] == "torch-distributed"
+    assert spec["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+    assert (spec["trainer"]["numNodes"], spec["trainer"]["numProcPerNode"]) == (4, 2)
+
+
+# --- every training pod ---
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_requests_equal_limits(kind):
+    resources = trainer_resources(rendered(kind, gpus_per_node=4, efa_devices=2))
+    assert resources["requests"] == resources["limits"]
+    assert resources["limits"]["nvidia.com/gpu"] == "4" and resources["limits"]["vpc.amazonaws.com/efa"] == "2"
+
+
+def all_env(manifest: dict) -> dict[str, str]:
+    """Env of every container (MPI kinds set it on the launcher, which exports it with -x)."""
+    if manifest["kind"] == "TrainJob":
+        return env_of(manifest["spec"]["trainer"])
+    return {k: v for _, _, pod in pod_templates(manifest) for k, v in env_of(pod["spec"]["containers"][0]).items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_efa_sets_the_libfabric_provider(kind):
+    assert all_env(rendered(kind, gpus_per_node=8, efa_devices=4))["FI_PROVIDER"] == "efa"
+
+
+def test_no_efa_no_fi_provider():
+    assert "FI_PROVIDER" not in env_of(trainer_container(rendered()))
+
+
+def test_cpu_jobs_have_no_gpu_toleration_or_nccl():
+    manifest = rendered(gpus_per_node=0)
+    _, pod = trainer_templates(manifest)[0]
+    assert "tolerations" not in pod["spec"]
+    assert pod["spec"]["nodeSelector"][LABEL_NODEPOOL] == NODEPOOL_CPU
+    assert "nvidia.com/gpu" not in trainer_resources(manifest)["limits"]
+    assert "NCCL_DEBUG" not in env_of(trainer_container(manifest))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_pods_tolerate_the_gpu_taint(kind):
+    for _, pod in trainer_templates(rendered(kind, gpus_per_node=1)):
+        assert [t["key"] for t in pod["spec"]["tolerations"]] == [GPU_TAINT_KEY]
+
+
+@pytest.mark.parametrize(("capacity", "pool"), [("on-demand", NODEPOOL_GPU_ON_DEMAND), ("spot", NODEPOOL_GPU_SPOT)])
+def test_capacity_type_picks_the_node_pool(capacity, pool):
+    _, pod = trainer_templates(rendered(capacity_type=capacity))[0]
+    assert pod["spec"]["nodeSelector"] == {LABEL_NODEPOOL: pool, LABEL_CAPACITY_TYPE: capacity}
+
+
+def test_explicit_node_pool_wins():
+    _, pod = trainer_templates(rendered(node_pool="p5-reserved"))[0]
+    assert pod["spec"]["nodeSelector"][LABEL_NODEPOOL] == "p5-reserved"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_pod_is_protected_labelled_non_root_with_shm(kind):
+    for _, _, pod in pod_templates(rendered(kind)):
+        assert pod["metadata"]["annotations"][ANNOTATION_DO_NOT_DISRUPT] == "true"
+        assert pod["metadata"]["labels"][LABEL_TEAM] == "vision"
+        assert pod["spec"]["serviceAccountName"] == "vision-trainer"
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        shm = pod["spec"]["volumes"][0]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": shm["name"], "mountPath": "/dev/shm"} in pod["spec"]["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "mpijob", "rayjob", "volcanojob"])
+def test_trainer_exposes_the_metrics_port(kind):
+    ports = trainer_container(rendered(kind))["ports"]
+    assert {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"} in ports
+
+
+def test_images_per_kind_and_team_override():
+    assert make_spec("mpijob").image == image_ref(STACK, "mpi")
+    assert make_spec("rayjob").image == image_ref(STACK, "ray")
+    assert make_spec("pytorchjob").image == image_ref(STACK, "ddp")
+    assert make_spec("pytorchjob", image="registry/mine:1").image == "registry/mine:1"
+
+
+def test_team_image_replaces_ddp_only():
+    config = parse_stack("t", {"gpuyard:cluster_name": "c", "gpuyard:teams": [{"name": "a", "image": "a/img:2"}]})
+    assert make_spec("pytorchjob", "a", config=config).image == "a/img:2"
+    assert make_spec("mpijob", "a", config=config).image == image_ref(config, "mpi")
+
+
+def test_checkpoint_uri_defaults_to_team_prefix_and_job_name():
+    assert make_spec(name="run-7").checkpoint_uri == "s3://yard-checkpoints/teams/vision/run-7"
+
+
+def test_env_is_added_and_wins_over_nccl_defaults():
+    env = env_of(trainer_container(rendered(env={"NCCL_DEBUG": "INFO", "WANDB_MODE": "off"})))
+    assert env["NCCL_DEBUG"] == "INFO" and env["WANDB_MODE"] == "off"
+
+
+def test_max_restarts_and_ttl_reach_the_run_policy():
+    run_policy = rendered(max_restarts=7, ttl_seconds_after_finished=60)["spec"]["runPolicy"]
+    assert (run_policy["backoffLimit"], run_policy["ttlSecondsAfterFinished"]) == (7, 60)
+
+
+def test_cpu_and_memory_are_rendered_as_quantities():
+    assert trainer_resources(rendered(cpu=0.5, memory_gib=3))["limits"] == {
+        "cpu": "500m", "memory": "3Gi", "nvidia.com/gpu": "1"}
+
+
+def test_render_refuses_a_spec_of_another_team():
+    with pytest.raises(ValueError, match="rendered for team"):
+        render(make_spec(team="vision"), STACK.team("nlp"))
+
+
+# --- bad specs ---
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"nodes": 0}, "nodes"),
+    ({"nodes": 2, "min_nodes": 3}, "elastic min nodes 3 > max nodes 2"),
+    ({"name": "Not_DNS"}, "name"),
+    ({"name": "x" * 56}, "too long for a pytorchjob"),
+    ({"gpus_per_node": 0, "efa_devices": 1}, "EFA devices need GPU nodes"),
+    ({"env": {"1BAD": "x"}}, "env"),
+])
+def test_bad_specs_raise_one_line(fields, message):
+    with pytest.raises(SpecError, match=message) as error:
+        make_spec(**fields)
+    assert "\n" not in str(error.value)
+
+
+def test_elastic_only_for_pytorchjob():
+    with pytest.raises(SpecError, match="need kind pytorchjob"):
+        make_spec("mpijob", nodes=4, min_nodes=2)
+
+
+def test_unknown_kind():
+    with pytest.raises(SpecError, match="unknown kind 'tfjob'"):
+        make_spec("tfjob")
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("4", (4, 4)), ("2:8", (2, 8))])
+def test_parse_nodes(text, parsed):
+    assert parse_nodes(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["", "x", "1:2:3", "2.5"])
+def test_parse_nodes_lists_accepted_forms(text):
+    with pytest.raises(SpecError, match="expected N or MIN:MAX"):
+        parse_nodes(text)
+
+
+def test_parse_env():
+    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(SpecError, match="expected KEY=VALUE"):
+        parse_env(["NOVALUE"])
