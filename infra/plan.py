@@ -21,7 +21,7 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.config import PROJECT, ConfigError, load_stack, parse_stack, stack_file
+from infra.config import PROJECT, load_stack, parse_stack, stack_file
 
 PROGRAM = Path(__file__).resolve().parent / "__main__.py"
 ACCOUNT_ID = "123456789012"
@@ -151,10 +151,38 @@ def plan(stack: str, directory: Path | None = None) -> list[PlannedResource]:
     return plan_values(stack, stack_values(stack, directory))
 
 
+def format_tree(stack: str, resources: list[PlannedResource]) -> str:
+    """Resources as a tree of components with a count per resource type, then the totals per type."""
+    children: dict[str, list[PlannedResource]] = {}
+    for resource in resources:
+        children.setdefault(resource.parent, []).append(resource)
+    lines = [f"stack {stack}: {len(resources)} resources"]
+
+    def walk(parent: str, depth: int) -> None:
+        kids = children.get(parent, [])
+        for type_, count in sorted(Counter(k.type for k in kids if not _is_component(k)).items()):
+            lines.append(f"{'  ' * depth}{count:4d} x {type_}")
+        for component in (k for k in kids if _is_component(k)):
+            lines.append(f"{'  ' * depth}{component.name} ({component.type}, {_descendants(component.name, children)} resources)")
+            walk(component.name, depth + 1)
+
+    walk(ROOT, 1)
+    lines.append("totals:")
+    lines.extend(f"  {count:4d} x {type_}" for type_, count in sorted(Counter(r.type for r in resources).items()))
+    return "\n".join(lines)
+
+
+def _is_component(resource: PlannedResource) -> bool:
+    return resource.type.startswith(f"{PROJECT}:")
+
+
+def _descendants(name: str, children: dict[str, list[PlannedResource]]) -> int:
+    return sum(1 + _descendants(kid.name, children) for kid in children.get(name, []))
+
+
 def plan_summary(stack: str) -> tuple[int, dict[str, int]]:
     """(number of resources, count per type) for ``gpuyard demo``."""
     resources = plan(stack)
     return len(resources), dict(Counter(resource.type for resource in resources))
 
 
-__all__ = ["ConfigError", "PlannedResource", "plan", "plan_summary", "plan_values", "stack_values"]
