@@ -1,0 +1,46 @@
+"""The synthetic dataset and the models, both fixed by the seed."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+FEATURES = 20
+
+
+def synthetic_dataset(size: int, seed: int) -> TensorDataset:
+    """``size`` samples of a noisy linear target; the same seed gives the same bytes."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.rand(size, FEATURES, generator=generator)
+    true_weights = torch.randn(FEATURES, 1, generator=generator)
+    targets = inputs @ true_weights + 0.1 * torch.randn(size, 1, generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+def build_model(name: str, seed: int) -> nn.Module:
+    """``linear`` is the tutorial's ``Linear(20, 1)``; ``mlp`` is a larger model for benchmarks."""
+    torch.manual_seed(seed)
+    if name == "linear":
+        return nn.Linear(FEATURES, 1)
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+    raise ValueError(f"unknown model {name!r}")
+
+
+def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
+    """Each rank reads its own shard; call ``loader.sampler.set_epoch(epoch)`` every epoch."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 over the state_dict tensors in sorted key order (names included)."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,84 @@
+"""Who am I in the job: ranks from the launcher's environment, and the process group.
+
+One code path for every launcher: torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), Ray Train
+(sets the same variables and starts the process group itself), mpirun (``OMPI_COMM_WORLD_*``
+with ``MASTER_ADDR``/``MASTER_PORT`` passed through ``-x``) and plain ``python`` (world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")  # torchrun and Ray Train
+MPIRUN_VARIABLES = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+class LaunchError(ValueError):
+    """The launcher's environment is incomplete, as one line."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launcher_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
+    """Read the ranks the launcher gave this process; plain ``python`` is rank 0 of 1.
+
+    torchrun and Ray Train set ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; mpirun sets
+    ``OMPI_COMM_WORLD_*`` and, torch having no MPI backend here, the gloo rendezvous needs
+    ``MASTER_ADDR``/``MASTER_PORT`` from ``-x``.
+    """
+    if MPIRUN_VARIABLES[0] in environ and not {"MASTER_ADDR", "MASTER_PORT"} <= environ.keys():
+        raise LaunchError("mpirun: pass MASTER_ADDR and MASTER_PORT with -x (gloo rendezvous)")
+    for names in (TORCHRUN_VARIABLES, MPIRUN_VARIABLES):
+        if names[0] in environ:
+            return DistEnv(*(int(environ.get(name, default)) for name, default in zip(names, ("0", "1", "0", "1"))))
+    return DistEnv()
+
+
+def backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def device(env: DistEnv) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def pin_cpu_threads(env: DistEnv, environ: Mapping[str, str] = os.environ) -> None:
+    """Give every launcher the same intra-op thread count, so CPU results match bitwise."""
+    threads = environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // env.local_world_size)
+    torch.set_num_threads(int(threads))
+
+
+def init_process_group(env: DistEnv) -> None:
+    """Join the job's process group (a no-op under Ray Train, which has already done it)."""
+    if dist.is_initialized():
+        return
+    if env.world_size == 1:
+        dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend(), init_method="env://", rank=env.rank, world_size=env.world_size)
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
