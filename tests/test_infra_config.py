@@ -1,0 +1,66 @@
+"""Typed cluster config: the stack files parse, bad values fail with one line naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from infra.config import ConfigError, load_stack, parse_stack
+
+BASE = {"gpuyard:cluster_name": "gpuyard-test"}
+
+
+def gpu_group(**overrides) -> dict:
+    return {"name": "gpu", "instance_types": ["g5.xlarge"], "min_size": 0, "desired_size": 0, "max_size": 2, **overrides}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_stack_files_parse(stack):
+    config = load_stack(stack)
+    assert config.teams and config.network.az_count >= 2
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(instance_types=["x9.large"])]}}, "unknown GPU instance type family 'x9'"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(instance_types=["m6i.large"])]}}, "unknown GPU instance type family 'm6i'"),
+        ({"gpuyard:cluster": {"system_node_group": {"instance_types": ["p5.48xlarge"]}}}, "unknown CPU instance type family 'p5'"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(min_size=3, max_size=2)]}}, "min_size 3 > max_size 2"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(desired_size=5)]}}, "desired_size 5 outside [0, 2]"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(efa=True)]}}, "unknown EFA-capable GPU instance type family 'g5'"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(), gpu_group()]}}, "duplicate node group name 'gpu'"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpu_node_groups.0.name"),
+        ({"gpuyard:cluster": {"endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
+        ({"gpuyard:cluster": {"kubernetes_version": "1.20"}}, "cluster.kubernetes_version"),
+        ({"gpuyard:network": {"az_count": 1}}, "network.az_count"),
+        ({"gpuyard:network": {"cidr": "10.0.0.0/26"}}, "must be an IPv4 network of /20 or larger"),
+        ({"gpuyard:network": {"nat": "none"}}, "network.nat"),
+        ({"gpuyard:karpenter": {"gpu_families": ["z1"]}}, "unknown GPU instance type family 'z1'"),
+        ({"gpuyard:teams": [{"name": "a"}, {"name": "a"}]}, "duplicate team name 'a'"),
+        ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "teams.0.name"),
+        ({"gpuyard:cluster_name": "Bad Name"}, "cluster_name"),
+        ({"gpuyard:cluster": {"bogus": 1}}, "cluster.bogus"),
+    ],
+)
+def test_bad_config_is_one_line(values, message):
+    with pytest.raises(ConfigError) as error:
+        parse_stack("test", {**BASE, **values})
+    text = str(error.value)
+    assert message in text and "\n" not in text
+
+
+def test_plan_cli_rejects_bad_stack_with_one_line(tmp_path):
+    (tmp_path / "Pulumi.bad.yaml").write_text(
+        "config:\n  gpuyard:cluster_name: x\n  gpuyard:cluster:\n    gpu_node_groups:\n"
+        "      - {name: gpu, instance_types: [g5.xlarge], min_size: 4, max_size: 1}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan", "--stack", "bad"],
+        capture_output=True, text=True, env={"GPUYARD_STACKS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "min_size 4 > max_size 1" in result.stderr and result.stdout == ""
