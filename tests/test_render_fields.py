@@ -1,8 +1,10 @@
 """One test per JobSpec field or rendering rule that matters on a cluster."""
 
 import shlex
+from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.config import parse_stack
 from infra.conventions import (
@@ -17,7 +19,7 @@ from infra.conventions import (
     NODEPOOL_GPU_SPOT,
 )
 from jobs.images import image_ref
-from jobs.render import render
+from jobs.render import render, write_manifests
 from jobs.spec import KINDS, SpecError, parse_env, parse_nodes, trainer_args
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 from render_helpers import STACK, make_spec, pod_templates, rendered, trainer_resources, trainer_templates
@@ -290,3 +292,20 @@ def test_parse_env():
     assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(SpecError, match="expected KEY=VALUE"):
         parse_env(["NOVALUE"])
+
+
+# --- writing ---
+
+def test_write_manifests_adds_files_and_keeps_others(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    written = write_manifests({Path("a/x.yaml"): {"kind": "X"}, Path("b/y.yaml"): {"kind": "Y"}}, tmp_path)
+    assert written == [tmp_path / "a/x.yaml", tmp_path / "b/y.yaml"]
+    assert (tmp_path / "a/x.yaml").read_text() == "kind: X\n" and (tmp_path / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "keep.txt"]  # no staging folder left
+
+
+def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(yaml.YAMLError):
+        write_manifests({Path("good.yaml"): {"kind": "X"}, Path("bad.yaml"): {"kind": object()}}, out)
+    assert list(tmp_path.iterdir()) == []

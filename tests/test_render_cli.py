@@ -1,0 +1,81 @@
+"""`gpuyard render` as users run it: a real process, YAML out, one-line errors, nothing half-written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs.workload.args import parse_args
+
+GPUYARD = Path(sys.executable).with_name("gpuyard")
+
+
+def gpuyard(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(GPUYARD), "render", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_stdout_is_one_valid_manifest(validate_manifests):
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--nodes", "3", "--gpus-per-node", "4")
+    assert result.returncode == 0, result.stderr
+    manifest = yaml.safe_load(result.stdout)
+    assert (manifest["kind"], manifest["metadata"]["namespace"]) == ("MPIJob", "team-nlp")
+    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    check = subprocess.run([sys.executable, str(validate_manifests), "--strict", "-"], input=result.stdout,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_options_reach_the_manifest():
+    result = gpuyard("--team", "vision", "--kind", "pytorchjob", "--name", "bert", "--nodes", "2:8",
+                     "--gpus-per-node", "8", "--efa", "4", "--capacity-type", "spot", "-e", "NCCL_DEBUG=INFO",
+                     "--epochs", "3", "--max-restarts", "5", "--ttl", "60")
+    assert result.returncode == 0, result.stderr
+    manifest = yaml.safe_load(result.stdout)
+    spec = manifest["spec"]
+    assert manifest["metadata"]["name"] == "bert"
+    assert (spec["elasticPolicy"]["minReplicas"], spec["elasticPolicy"]["maxReplicas"]) == (2, 8)
+    assert (spec["runPolicy"]["backoffLimit"], spec["runPolicy"]["ttlSecondsAfterFinished"]) == (5, 60)
+    pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert pod["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
+    assert trainer["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
+    env = {item["name"]: item["value"] for item in trainer["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa"
+    args = parse_args(trainer["args"])
+    assert args.total_epochs == 3 and args.checkpoint_uri == "s3://gpuyard-dev-checkpoints/teams/vision/bert"
+
+
+def test_all_writes_one_file_per_manifest(tmp_path, validate_manifests):
+    out = tmp_path / "manifests"
+    result = gpuyard("--stack", "dev", "--all", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    files = sorted(out.rglob("*.yaml"))
+    assert len(files) == 10
+    assert {path.parent.name for path in files} == {"vision", "nlp"}
+    assert sorted(result.stdout.split()) == sorted(str(path) for path in files)
+    check = subprocess.run([sys.executable, str(validate_manifests), "--strict", str(out)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and "10 passed, 0 failed" in check.stdout, check.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--stack", "nope", "--all"], "unknown stack 'nope'"),
+    (["--team", "ghost", "--kind", "mpijob"], "unknown team 'ghost'"),
+    (["--team", "nlp", "--kind", "tfjob"], "unknown kind 'tfjob'"),
+    (["--team", "nlp", "--kind", "mpijob", "--nodes", "0"], "nodes"),
+    (["--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "1.5"], "--gpus-per-node"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "elastic min nodes 4 > max nodes 2"),
+    (["--team", "nlp", "--kind", "mpijob", "--name", "Big_Job"], "name"),
+    (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
+    (["--team", "nlp"], "--team and --kind are required"),
+    (["--all", "--team", "nlp"], "drop --team/--kind"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+    out = tmp_path / "out"
+    result = gpuyard(*args, "-o", str(out))
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpuyard: error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not out.exists() and list(tmp_path.iterdir()) == []
