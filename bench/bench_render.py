@@ -1,0 +1,66 @@
+"""Render 100 teams x 5 kinds and print JSON throughput (goal: everything in under 1 s).
+
+    python bench/bench_render.py [--teams 100] [--repeat 3]
+
+Times the best of ``--repeat`` runs of: build every JobSpec, render it, dump it to YAML;
+and, separately, ``render_all`` writing the files into a temporary folder.
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from infra.config import parse_stack
+from jobs.render import default_specs, render, render_all, to_yaml
+from jobs.spec import KINDS
+
+
+def bench_stack(teams: int):
+    return parse_stack("bench", {
+        "gpuyard:cluster_name": "bench",
+        "gpuyard:teams": [{"name": f"team-{index:03d}"} for index in range(teams)],
+    })
+
+
+def render_to_text(config) -> int:
+    total = 0
+    for spec in default_specs(config):
+        total += len(to_yaml(render(spec, config.team(spec.team))))
+    return total
+
+
+def best_of(repeat: int, run) -> float:
+    timings = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        timings.append(time.perf_counter() - start)
+    return min(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teams", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    options = parser.parse_args()
+    config = bench_stack(options.teams)
+    manifests = options.teams * len(KINDS)
+    in_memory = best_of(options.repeat, lambda: render_to_text(config))
+    with tempfile.TemporaryDirectory() as tmp:
+        to_disk = best_of(options.repeat, lambda: render_all(config, Path(tmp) / "out"))
+    print(json.dumps({
+        "teams": options.teams,
+        "kinds": len(KINDS),
+        "manifests": manifests,
+        "yaml_bytes": render_to_text(config),
+        "render_seconds": round(in_memory, 4),
+        "manifests_per_s": round(manifests / in_memory),
+        "render_all_to_disk_seconds": round(to_disk, 4),
+        "goal_under_1s": to_disk < 1.0,
+    }))
+
+
+if __name__ == "__main__":
+    main()
