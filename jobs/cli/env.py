@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import getpass
 from datetime import UTC, datetime
 
 import typer
+from pulumi import automation as auto
 from rich.console import Console
 from rich.table import Table
 
+from infra.config import ConfigError
 from jobs.cli.errors import fail
 from jobs.cli.main import app
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
+from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
+                                   list_envs)
+from jobs.ephemeral.ttl import LeaseError, describe_remaining, format_expiry, parse_ttl
 
 env_app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                       no_args_is_help=True)
@@ -81,5 +87,101 @@ def cleanup(
             raise typer.Exit(1)
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+def _lease_table(envs: list[EnvStack], now: datetime, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("stack", "cluster", "owner", "team", "expires at (UTC)", "remaining"):
+        table.add_column(column)
+    for env in sorted(envs, key=lambda e: e.lease.expires_at):
+        lease = env.lease
+        table.add_row(env.name, env.cluster_name, lease.owner, lease.team or "", format_expiry(lease.expires_at),
+                      describe_remaining(lease.expires_at, now))
+    return table
+
+
+def _pulumi_reason(error: auto.CommandError) -> str:
+    """The last line Pulumi wrote on stderr (the Automation API packs code, stdout and stderr into one text)."""
+    lines = [line.strip() for line in str(error).split(" stderr:", 1)[-1].splitlines() if line.strip()]
+    return lines[-1] if lines else "see the output above"
+
+
+@env_app.command()
+def create(
+    name: str = typer.Argument(..., help="Environment (stack) name, e.g. pr-123."),
+    ttl: str = typer.Option(..., "--ttl", help="Lifetime: 30m, 8h, 2d, 1h30m (at most 30d)."),
+    team: str | None = typer.Option(None, "--team", help="Team of stacks/Pulumi.ephemeral.yaml it is for."),
+    owner: str = typer.Option(getpass.getuser(), "--owner", help="Who answers for it (default: you)."),
+) -> None:
+    """Create and deploy stack NAME from stacks/Pulumi.ephemeral.yaml, leased until now + TTL."""
+    try:
+        env = create_env(name, parse_ttl(ttl), owner, team, datetime.now(UTC), typer.echo)
+    except (LeaseError, EnvError, ConfigError) as error:
+        fail(str(error))
+    except auto.CommandError as error:
+        fail(f"pulumi up of {name} failed: {_pulumi_reason(error)} (`gpuyard env destroy {name}` removes it)", code=1)
+    console.print(f"{env.name} is up: cluster {env.cluster_name}, expires {format_expiry(env.lease.expires_at)}")
+
+
+@env_app.command("list")
+def list_() -> None:
+    """The ephemeral stacks, their owners and expiry."""
+    try:
+        envs = list_envs()
+    except EnvError as error:
+        fail(str(error))
+    except auto.CommandError as error:
+        fail(f"listing stacks failed: {_pulumi_reason(error)}", code=1)
+    if not envs:
+        console.print("no ephemeral environments")
+        return
+    console.print(_lease_table(envs, datetime.now(UTC), f"ephemeral environments ({len(envs)})"))
+
+
+def _destroy(name: str) -> bool:
+    """Destroy one environment; False (after saying why) when something was left."""
+    try:
+        destroy_env(name, console.print)
+    except CleanupIncomplete as error:
+        print_report(error.cluster, error.report)
+        console.print(f"{name}: {error}")
+        return False
+    except CleanupError as error:
+        console.print(f"{name}: cleanup could not start: {error}; stack not destroyed")
+        return False
+    except auto.CommandError as error:
+        console.print(f"{name}: pulumi failed: {_pulumi_reason(error)}")
+        return False
+    console.print(f"{name}: destroyed")
+    return True
+
+
+@env_app.command()
+def destroy(name: str = typer.Argument(..., help="Environment (stack) name.")) -> None:
+    """Drain NodePools, delete the cluster's leftovers, then pulumi destroy and stack rm."""
+    try:
+        done = _destroy(name)
+    except EnvError as error:
+        fail(str(error))
+    if not done:
+        raise typer.Exit(1)
+
+
+@env_app.command()
+def reap(dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be destroyed; change nothing.")) -> None:
+    """Destroy every ephemeral stack whose lease has expired."""
+    now = datetime.now(UTC)
+    try:
+        due = due_for_reaping(list_envs(), now)
+    except EnvError as error:
+        fail(str(error))
+    except auto.CommandError as error:
+        fail(f"listing stacks failed: {_pulumi_reason(error)}", code=1)
+    if not due:
+        console.print("no expired environments")
+        return
+    console.print(_lease_table(due, now, f"expired ({len(due)})"))
+    if dry_run:
+        console.print("dry run: nothing destroyed")
+        return
+    failed = [env.name for env in due if not _destroy(env.name)]
+    if failed:
+        fail(f"not destroyed: {', '.join(failed)} (rerun `gpuyard env reap`)", code=1)

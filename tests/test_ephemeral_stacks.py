@@ -1,0 +1,212 @@
+"""Ephemeral stacks: lease config, reaping decision, and the CLI without (or with a stand-in for) the Pulumi CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.config import ConfigError, Lease, parse_stack
+from jobs.ephemeral.stacks import (LEASE_KEY, PULUMI_MISSING, EnvError, EnvStack, due_for_reaping, env_config,
+                                   env_from_config)
+
+REPO = Path(__file__).resolve().parent.parent
+GPUYARD = str(Path(sys.executable).with_name("gpuyard"))
+NOW = datetime(2026, 12, 2, 15, 0, tzinfo=UTC)
+TEMPLATE = yaml.safe_load((REPO / "stacks" / "Pulumi.ephemeral.yaml").read_text())["config"]
+
+
+def env(name: str, expires_in: timedelta | None) -> EnvStack:
+    lease = None if expires_in is None else Lease(owner="ana", expires_at=NOW + expires_in)
+    return EnvStack(name, f"gpuyard-ephemeral-{name}", "us-west-2", lease)
+
+
+# -- pure logic -------------------------------------------------------------------------
+
+
+def test_reaping_takes_exactly_the_expired_leases_longest_expired_first():
+    stacks = [env("fresh", timedelta(hours=3)), env("old", -timedelta(days=2)), env("prod", None),
+              env("just", timedelta(0)), env("recent", -timedelta(minutes=5))]
+    assert [s.name for s in due_for_reaping(stacks, NOW)] == ["old", "recent", "just"]
+    assert due_for_reaping(stacks, NOW - timedelta(days=3)) == []
+    assert due_for_reaping([], NOW) == []
+
+
+def test_env_config_keeps_the_template_and_adds_its_own_cluster_and_lease():
+    values = env_config("pr-7", TEMPLATE, "ana", "sandbox", NOW + timedelta(hours=8))
+    assert values["gpuyard:cluster_name"] == "gpuyard-ephemeral-pr-7"
+    assert values[LEASE_KEY] == {"owner": "ana", "team": "sandbox", "expires_at": "2026-12-02T23:00:00Z"}
+    assert {k: v for k, v in values.items() if k not in ("gpuyard:cluster_name", LEASE_KEY)} == {
+        k: v for k, v in TEMPLATE.items() if k != "gpuyard:cluster_name"}
+    config = parse_stack("pr-7", values)
+    assert config.lease == Lease(owner="ana", team="sandbox", expires_at=NOW + timedelta(hours=8))
+    assert config.teams == parse_stack("ephemeral", TEMPLATE).teams
+
+
+@pytest.mark.parametrize("name, owner, team, message", [
+    ("pr-7", "ana", "nope", "unknown team 'nope' in stack 'ephemeral' (teams: sandbox)"),
+    ("pr-7", "", None, "stack 'pr-7': lease.owner: String should have at least 1 character"),
+    ("x" * 50, "ana", None, "cluster_name: String should have at most 63 characters"),
+])
+def test_env_config_rejects_bad_input_in_one_line(name, owner, team, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        env_config(name, TEMPLATE, owner, team, NOW)
+
+
+def test_env_from_config_reads_the_lease_as_the_automation_api_returns_it():
+    lease = {"owner": "ana", "expires_at": "2026-12-02T23:00:00Z"}
+    values = {"gpuyard:cluster_name": "c", "aws:region": "eu-west-1", LEASE_KEY: json.dumps(lease)}
+    assert env_from_config("pr-7", values) == EnvStack("pr-7", "c", "eu-west-1",
+                                                       Lease(owner="ana", expires_at=NOW + timedelta(hours=8)))
+    assert env_from_config("dev", {"gpuyard:cluster_name": "c"}).lease is None
+    with pytest.raises(EnvError, match="stack 'pr-7': gpuyard:lease is not a valid lease"):
+        env_from_config("pr-7", {LEASE_KEY: '{"owner": "ana"}'})
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A copy of stacks/, an empty HOME and a PATH with no Pulumi CLI; nothing outside may change."""
+    stacks = tmp_path / "stacks"
+    shutil.copytree(REPO / "stacks", stacks)
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    if shutil.which("pulumi", path=path):
+        pytest.skip("a Pulumi CLI is installed on this machine")
+    variables = {**os.environ, "PATH": path, "HOME": str(home), "GPUYARD_STACKS_DIR": str(stacks)}
+    variables.pop("PULUMI_HOME", None)
+    before = (_tree_digest(stacks), _tree_digest(REPO / "stacks"))
+    yield {"env": variables, "stacks": stacks, "home": home, "bin": bin_dir}
+    assert (_tree_digest(stacks), _tree_digest(REPO / "stacks")) == before
+
+
+def gpuyard(sandbox, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([GPUYARD, *args], env=sandbox["env"], text=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("args", [
+    ["env", "create", "pr-7", "--ttl", "8h"],
+    ["env", "create", "pr-7", "--ttl", "2d", "--team", "sandbox", "--owner", "ana"],
+    ["env", "destroy", "pr-7"],
+    ["env", "list"],
+    ["env", "reap"],
+    ["env", "reap", "--dry-run"],
+])
+def test_without_the_pulumi_cli_every_stack_command_says_so_in_one_line_and_changes_nothing(sandbox, args):
+    result = gpuyard(sandbox, *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"gpuyard: error: {PULUMI_MISSING}"]
+    assert "https://get.pulumi.com" in result.stderr
+    assert list(sandbox["home"].iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["env", "create", "pr-7", "--ttl", "8"], "bad TTL '8': expected a positive duration like 30m, 8h, 2d"),
+    (["env", "create", "pr-7", "--ttl", "45d"], "bad TTL '45d'"),
+    (["env", "create", "pr-7", "--ttl", "8h", "--team", "nope"], "unknown team 'nope' in stack 'ephemeral'"),
+    (["env", "create", "Bad_Name", "--ttl", "8h"], "bad environment name 'Bad_Name'"),
+    (["env", "create", "dev", "--ttl", "8h"], "stack 'dev' already exists"),
+    (["env", "destroy", "PR 7"], "bad environment name 'PR 7'"),
+    (["env", "create", "pr-7"], "Missing option '--ttl'"),
+])
+def test_bad_input_is_one_line_and_exit_2(sandbox, args, message):
+    result = gpuyard(sandbox, *args)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("gpuyard: error: ")
+    assert message in result.stderr
+
+
+def test_a_missing_template_is_an_unknown_stack(sandbox):
+    (sandbox["stacks"] / "Pulumi.ephemeral.yaml").rename(sandbox["stacks"] / "ephemeral.yaml.bak")
+    result = gpuyard(sandbox, "env", "create", "pr-7", "--ttl", "8h")
+    assert result.returncode == 2
+    assert result.stderr.startswith("gpuyard: error: unknown stack 'ephemeral'")
+    (sandbox["stacks"] / "ephemeral.yaml.bak").rename(sandbox["stacks"] / "Pulumi.ephemeral.yaml")
+
+
+# A stand-in for the absent Pulumi CLI that answers only the read-only commands the
+# Automation API runs for list, reap --dry-run and a destroy of an unknown stack, from
+# files in $FAKE_PULUMI_STATE, and logs every call; any other command fails loudly.
+FAKE_PULUMI = r'''#!{python}
+import json, os, sys
+state = os.environ["FAKE_PULUMI_STATE"]
+args = [a for a in sys.argv[1:] if a != "--non-interactive"]
+with open(os.path.join(state, "calls.log"), "a") as log:
+    log.write(" ".join(args) + "\n")
+stacks = json.load(open(os.path.join(state, "stacks.json")))
+if args == ["version"]:
+    print("v3.272.0")
+elif args[:3] == ["stack", "ls", "--json"]:
+    print(json.dumps([{{"name": name, "current": False}} for name in stacks]))
+elif args[:1] == ["config"] and "--stack" in args:
+    name = args[args.index("--stack") + 1]
+    print(json.dumps({{k: {{"value": v, "secret": False}} for k, v in stacks[name].items()}}))
+elif args[:2] == ["stack", "select"] and args[3] not in stacks:
+    sys.exit(print(f"error: no stack named '{{args[3]}}' found", file=sys.stderr) or 255)
+else:
+    sys.exit(print("fake pulumi: unsupported " + " ".join(args), file=sys.stderr) or 3)
+'''
+
+
+@pytest.fixture
+def fake_pulumi(sandbox, tmp_path):
+    state = tmp_path / "pulumi-state"
+    state.mkdir()
+    lease = lambda hours: json.dumps({"owner": "ana", "team": "sandbox",  # noqa: E731
+                                      "expires_at": f"{(datetime.now(UTC) + timedelta(hours=hours)):%Y-%m-%dT%H:%M:%SZ}"})
+    (state / "stacks.json").write_text(json.dumps({
+        "dev": {"gpuyard:cluster_name": "gpuyard-dev", "aws:region": "us-west-2"},
+        "pr-1": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-1", "aws:region": "us-west-2", LEASE_KEY: lease(-2)},
+        "pr-2": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-2", "aws:region": "us-west-2", LEASE_KEY: lease(5)},
+    }))
+    script = sandbox["bin"] / "pulumi"
+    script.write_text(FAKE_PULUMI.format(python=sys.executable))
+    script.chmod(0o755)
+    sandbox["env"]["FAKE_PULUMI_STATE"] = str(state)
+    return state
+
+
+def _calls(state: Path) -> list[str]:
+    return [line.split(" --stack")[0] for line in (state / "calls.log").read_text().splitlines() if line != "version"]
+
+
+def test_list_shows_only_leased_stacks_with_their_expiry(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "list")
+    assert result.returncode == 0, result.stderr
+    assert "pr-1" in result.stdout and "pr-2" in result.stdout and "gpuyard-dev" not in result.stdout
+    assert "expired 2h" in result.stdout and "4h59m left" in result.stdout
+    assert set(_calls(fake_pulumi)) == {"stack ls --json", "config --show-secrets --json"}
+
+
+def test_reap_dry_run_names_the_expired_and_destroys_nothing(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "reap", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "expired (1)" in result.stdout and "pr-1" in result.stdout and "pr-2" not in result.stdout
+    assert "dry run: nothing destroyed" in result.stdout
+    assert set(_calls(fake_pulumi)) == {"stack ls --json", "config --show-secrets --json"}
+
+
+def test_destroying_an_unknown_stack_is_one_line_and_exit_2(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "destroy", "pr-9")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["gpuyard: error: unknown stack 'pr-9' (see `gpuyard env list`)"]
+    assert _calls(fake_pulumi) == ["stack select"]
