@@ -16,7 +16,7 @@ from jobs.cli.main import app
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
                                    list_envs)
-from jobs.ephemeral.ttl import LeaseError, describe_remaining, format_expiry, parse_ttl
+from jobs.ephemeral.ttl import TTLError, describe_remaining, format_expiry, parse_ttl
 
 env_app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                       no_args_is_help=True)
@@ -114,7 +114,7 @@ def create(
     """Create and deploy stack NAME from stacks/Pulumi.ephemeral.yaml, leased until now + TTL."""
     try:
         env = create_env(name, parse_ttl(ttl), owner, team, datetime.now(UTC), typer.echo)
-    except (LeaseError, EnvError, ConfigError) as error:
+    except (TTLError, EnvError, ConfigError) as error:
         fail(str(error))
     except auto.CommandError as error:
         fail(f"pulumi up of {name} failed: {_pulumi_reason(error)} (`gpuyard env destroy {name}` removes it)", code=1)

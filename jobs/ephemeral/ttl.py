@@ -12,35 +12,24 @@ _TTL = re.compile(r"(?:\d+[mhdw])+")
 ACCEPTED = "a positive duration like 30m, 8h, 2d, 1w or 1h30m (units m, h, d, w; at most 30d)"
 
 
-class LeaseError(ValueError):
-    """A TTL or expiry stamp that cannot be used, phrased as one line."""
+class TTLError(ValueError):
+    """A TTL that cannot be used, phrased as one line."""
 
 
 def parse_ttl(text: str) -> timedelta:
     """``"1h30m"`` -> 90 minutes; anything else names the accepted forms."""
     compact = text.strip().lower()
     if not _TTL.fullmatch(compact):
-        raise LeaseError(f"bad TTL {text!r}: expected {ACCEPTED}")
+        raise TTLError(f"bad TTL {text!r}: expected {ACCEPTED}")
     ttl = timedelta(seconds=sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(compact)))
     if not timedelta(0) < ttl <= MAX_TTL:
-        raise LeaseError(f"bad TTL {text!r}: expected {ACCEPTED}")
+        raise TTLError(f"bad TTL {text!r}: expected {ACCEPTED}")
     return ttl
 
 
 def format_expiry(moment: datetime) -> str:
     """An aware datetime as ``2026-12-02T22:49:10Z``."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_expiry(text: str) -> datetime:
-    """An ISO-8601 stamp with a zone (``Z`` or an offset), as an aware UTC datetime."""
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise LeaseError(f"bad expiry {text!r}: expected ISO-8601 UTC like 2026-12-02T22:49:10Z") from None
-    if moment.tzinfo is None:
-        raise LeaseError(f"bad expiry {text!r}: no time zone (write it in UTC, ending in Z)")
-    return moment.astimezone(UTC)
 
 
 def _compact(delta: timedelta) -> str:

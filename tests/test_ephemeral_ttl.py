@@ -1,0 +1,55 @@
+"""Lease arithmetic: TTL parsing, expiry stamps, time left."""
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobs.ephemeral.ttl import MAX_TTL, TTLError, describe_remaining, format_expiry, parse_ttl
+
+NOW = datetime(2026, 12, 2, 15, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("30m", timedelta(minutes=30)),
+    ("8h", timedelta(hours=8)),
+    ("2d", timedelta(days=2)),
+    ("1w", timedelta(weeks=1)),
+    ("1h30m", timedelta(hours=1, minutes=30)),
+    (" 8H ", timedelta(hours=8)),
+    ("30d", MAX_TTL),
+])
+def test_parse_ttl_accepts_compact_durations(text, expected):
+    assert parse_ttl(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "8", "h", "0h", "0m0h", "31d", "5w", "8x", "-1h", "1.5h", "8 h", "h8", "1h 30m"])
+def test_parse_ttl_rejects_the_rest_naming_the_accepted_forms(text):
+    with pytest.raises(TTLError, match=r"^bad TTL .*: expected a positive duration like 30m, 8h, 2d, 1w or 1h30m"):
+        parse_ttl(text)
+
+
+@given(st.integers(min_value=1, max_value=30 * 24 * 60))
+def test_any_whole_minute_count_up_to_the_limit_round_trips(minutes):
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    text = "".join(f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (mins, "m")) if n)
+    assert parse_ttl(text) == timedelta(minutes=minutes)
+
+
+def test_expiry_is_iso_8601_utc_whatever_the_input_zone():
+    assert format_expiry(NOW + parse_ttl("8h")) == "2026-12-02T23:00:00Z"
+    assert format_expiry(datetime(2026, 12, 3, 1, 0, tzinfo=timezone(timedelta(hours=2)))) == "2026-12-02T23:00:00Z"
+
+
+@pytest.mark.parametrize("expires_at, text", [
+    (NOW + timedelta(hours=5, minutes=12, seconds=40), "5h12m left"),
+    (NOW + timedelta(days=1, hours=2), "1d2h left"),
+    (NOW + timedelta(seconds=20), "0m left"),
+    (NOW, "expired 0m ago"),
+    (NOW - timedelta(hours=2), "expired 2h ago"),
+    (NOW - timedelta(days=3, minutes=1), "expired 3d1m ago"),
+])
+def test_describe_remaining(expires_at, text):
+    assert describe_remaining(expires_at, NOW) == text
