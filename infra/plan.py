@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import runpy
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ class PlannedResource:
     name: str
     parent: str
     inputs: dict[str, Any]
+    urn: str = ""
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs}
@@ -107,7 +109,10 @@ class RecordingMonitor(MockMonitor):
         if request.type != "pulumi:pulumi:Stack":
             parent = _urn_name(request.parent) if _urn_type(request.parent) != "pulumi:pulumi:Stack" else ROOT
             inputs = rpc.deserialize_properties(request.object)
-            self.planned.append(PlannedResource(request.type, request.name, parent, _plain(inputs)))
+            dependencies = {key: list(deps.urns) for key, deps in request.propertyDependencies.items()}
+            self.planned.append(
+                PlannedResource(request.type, request.name, parent, _plain(inputs), response.urn, dependencies)
+            )
         return response
 
 

@@ -1,0 +1,1 @@
+"""CrossGuard guardrails for the gpuyard stack (``infra/policy/rules.py``)."""

@@ -1,0 +1,163 @@
+"""The CrossGuard pack: each rule on good and bad samples, through pulumi-policy's validate, and on the real plans."""
+
+from __future__ import annotations
+
+import pytest
+from pulumi_policy import PolicyCustomTimeouts, PolicyResource, PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs
+
+from infra.policy.rules import (
+    POLICIES,
+    check_bucket_settings,
+    check_buckets_encrypted_and_private,
+    check_gpu_nodes_tainted,
+    check_imdsv2,
+    check_no_ssh_from_anywhere,
+)
+from infra_plans import planned
+
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
+SG = "aws:ec2/securityGroup:SecurityGroup"
+INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+POLICY = {p.name: p for p in POLICIES}
+
+
+def pool(families, taints=None):
+    spec = {"requirements": [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": families}]}
+    if taints is not None:
+        spec["taints"] = taints
+    return {"spec": {"template": {"spec": spec}}}
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props", "violations"),
+    [
+        (NODE_GROUP, {"amiType": "AL2023_x86_64_NVIDIA", "taints": [TAINT]}, 0),
+        (NODE_GROUP, {"amiType": "AL2023_x86_64_NVIDIA"}, 1),
+        (NODE_GROUP, {"amiType": "AL2023_x86_64_STANDARD", "instanceTypes": ["p5.48xlarge"], "taints": []}, 1),
+        (NODE_GROUP, {"amiType": "AL2023_x86_64_STANDARD", "instanceTypes": ["m6i.large"]}, 0),
+        (NODE_GROUP, {"amiType": "AL2023_x86_64_NVIDIA", "taints": [{**TAINT, "effect": "PREFER_NO_SCHEDULE"}]}, 1),
+        (NODE_POOL, pool(["g5"], [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]), 0),
+        (NODE_POOL, pool(["g5", "p5"]), 1),
+        (NODE_POOL, pool(["m7i"]), 0),
+    ],
+)
+def test_gpu_nodes_tainted(resource_type, props, violations):
+    assert len(check_gpu_nodes_tainted(resource_type, props)) == violations
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props", "violations"),
+    [
+        ("aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"httpTokens": "required"}}, 0),
+        ("aws:ec2/launchTemplate:LaunchTemplate", {"metadataOptions": {"httpTokens": "optional"}}, 1),
+        ("aws:ec2/launchTemplate:LaunchTemplate", {}, 1),
+        ("aws:ec2/instance:Instance", {"metadataOptions": {"httpTokens": "required"}}, 0),
+        ("aws:ec2/instance:Instance", {"ami": "ami-1"}, 1),
+        ("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", {"spec": {}}, 0),
+        ("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", {"spec": {"metadataOptions": {"httpTokens": "optional"}}}, 1),
+    ],
+)
+def test_imdsv2_required(resource_type, props, violations):
+    assert len(check_imdsv2(resource_type, props)) == violations
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props", "violations"),
+    [
+        (SG, {"ingress": [{"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]}]}, 1),
+        (SG, {"ingress": [{"protocol": "tcp", "fromPort": 0, "toPort": 1024, "ipv6CidrBlocks": ["::/0"]}]}, 1),
+        (SG, {"ingress": [{"protocol": "-1", "fromPort": 0, "toPort": 0, "cidrBlocks": ["0.0.0.0/0"]}]}, 1),
+        (SG, {"ingress": [{"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["10.0.0.0/8"]}]}, 0),
+        (SG, {"ingress": [{"protocol": "tcp", "fromPort": 443, "toPort": 443, "cidrBlocks": ["0.0.0.0/0"]}]}, 0),
+        ("aws:ec2/securityGroupRule:SecurityGroupRule",
+         {"type": "ingress", "protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]}, 1),
+        ("aws:ec2/securityGroupRule:SecurityGroupRule",
+         {"type": "egress", "protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]}, 0),
+        (INGRESS_RULE, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "0.0.0.0/0"}, 1),
+        (INGRESS_RULE, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "192.168.0.0/16"}, 0),
+    ],
+)
+def test_no_ssh_from_anywhere(resource_type, props, violations):
+    assert len(check_no_ssh_from_anywhere(resource_type, props)) == violations
+
+
+BLOCK = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+ALL_BLOCKED = {"blockPublicAcls": True, "blockPublicPolicy": True, "ignorePublicAcls": True, "restrictPublicBuckets": True}
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props", "violations"),
+    [
+        (BLOCK, ALL_BLOCKED, 0),
+        (BLOCK, {**ALL_BLOCKED, "restrictPublicBuckets": False}, 1),
+        (SSE, {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}]}, 0),
+        (SSE, {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}, 0),
+        (SSE, {"rules": [{"applyServerSideEncryptionByDefault": {}}]}, 1),
+        ("aws:s3/bucketAcl:BucketAcl", {"acl": "public-read"}, 1),
+        ("aws:s3/bucketAcl:BucketAcl", {"acl": "private"}, 0),
+    ],
+)
+def test_bucket_settings(resource_type, props, violations):
+    assert len(check_bucket_settings(resource_type, props)) == violations
+
+
+def test_every_bucket_needs_encryption_and_access_block():
+    bucket = ("urn:b", "aws:s3/bucket:Bucket", {}, {})
+    other = ("urn:other", "aws:s3/bucket:Bucket", {}, {})
+    sse = ("urn:sse", SSE, {}, {"bucket": ["urn:b"]})
+    block = ("urn:block", BLOCK, ALL_BLOCKED, {"bucket": ["urn:b"]})
+    assert check_buckets_encrypted_and_private([bucket, sse, block]) == []
+    assert check_buckets_encrypted_and_private([bucket, sse]) == ["bucket urn:b has no public access block"]
+    assert len(check_buckets_encrypted_and_private([bucket, other, sse, block])) == 2
+
+
+def _options() -> PolicyResourceOptions:
+    return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+
+def _validate(policy_name: str, resource_type: str, props: dict) -> list[str]:
+    reported: list[str] = []
+    args = ResourceValidationArgs(resource_type, props, f"urn:{resource_type}", "sample", _options(), None)
+    POLICY[policy_name].validate(args, lambda message, urn=None: reported.append(message))
+    return reported
+
+
+def test_policies_report_through_pulumi_policy():
+    assert _validate("gpu-nodes-tainted", NODE_GROUP, {"amiType": "AL2023_x86_64_NVIDIA"})
+    assert not _validate("gpu-nodes-tainted", NODE_GROUP, {"amiType": "AL2023_x86_64_NVIDIA", "taints": [TAINT]})
+    assert _validate("imdsv2-required", "aws:ec2/launchTemplate:LaunchTemplate", {})
+    assert _validate("no-ssh-from-anywhere", INGRESS_RULE, {"ipProtocol": "-1", "cidrIpv4": "0.0.0.0/0"})
+    assert _validate("bucket-settings-private-encrypted", BLOCK, {})
+
+
+def _stack_args(resources) -> StackValidationArgs:
+    by_urn: dict[str, PolicyResource] = {}
+    for r in resources:
+        by_urn[r.urn] = PolicyResource(r.type, r.inputs, r.urn, r.name, _options(), None, None, [], {})
+    for r in resources:
+        by_urn[r.urn].property_dependencies = {
+            key: [by_urn[urn] for urn in urns if urn in by_urn] for key, urns in r.property_dependencies.items()
+        }
+    return StackValidationArgs(list(by_urn.values()))
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_real_program_complies(stack):
+    resources = planned(stack)
+    reported: list[str] = []
+    for policy in POLICIES[:-1]:
+        for r in resources:
+            args = ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None)
+            policy.validate(args, lambda message, urn=None, r=r: reported.append(f"{r.name}: {message}"))
+    POLICY["buckets-encrypted-and-private"].validate(_stack_args(resources), lambda m, urn=None: reported.append(m))
+    assert reported == []
+
+
+def test_stack_policy_catches_a_bucket_without_its_guards():
+    resources = [r for r in planned("dev") if "BucketPublicAccessBlock" not in r.type]
+    reported: list[str] = []
+    POLICY["buckets-encrypted-and-private"].validate(_stack_args(resources), lambda m, urn=None: reported.append(m))
+    assert reported == ["bucket storage-checkpoints has no public access block"]
