@@ -44,6 +44,8 @@ MEMORY_GIB_PER_GPU = 12
 CPU_ONLY_CPU = 2
 CPU_ONLY_MEMORY_GIB = 8
 
+DEFAULT_NODES = 2
+DEFAULT_GPUS_PER_NODE = 1
 DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 2
 DEFAULT_TTL_SECONDS = 3600
@@ -162,9 +164,9 @@ def build_spec(
     kind: Kind,
     *,
     name: str | None = None,
-    nodes: int = 2,
+    nodes: int = DEFAULT_NODES,
     min_nodes: int | None = None,
-    gpus_per_node: int = 1,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     capacity_type: CapacityType = "on-demand",
     epochs: int = DEFAULT_EPOCHS,
     **fields,

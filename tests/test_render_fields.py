@@ -125,7 +125,7 @@ def test_volcano_job_gangs_every_pod_with_policies():
     assert master["name"] == "mpimaster" and master["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
     command = master["template"]["spec"]["containers"][0]["command"]
     hosts = command[command.index("--host") + 1]
-    assert hosts == "vision-volcanojob-mpiworker-0.vision-volcanojob:1,vision-volcanojob-mpiworker-1.vision-volcanojob:1"
+    assert hosts.split(",") == [f"vision-volcanojob-mpiworker-{i}.vision-volcanojob:1" for i in range(2)]
 
 
 def test_rayjob_is_volcano_scheduled_and_cleans_up():
@@ -309,3 +309,13 @@ def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
     with pytest.raises(yaml.YAMLError):
         write_manifests({Path("good.yaml"): {"kind": "X"}, Path("bad.yaml"): {"kind": object()}}, out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_trainjob_names_the_runtime_the_stack_creates():
+    from infra.addons import TORCH_RUNTIME, torch_runtime_spec  # the Pulumi side, imported only here
+    from jobs.render.trainjob import NODE_JOB, RUNTIME
+
+    assert RUNTIME == TORCH_RUNTIME
+    replicated = torch_runtime_spec("img")["template"]["spec"]["replicatedJobs"][0]
+    assert replicated["name"] == NODE_JOB
+    assert replicated["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == NODE_JOB

@@ -91,7 +91,8 @@ def test_size_grid_passes_the_official_schemas(tmp_path, validate_manifests):
         for nodes in (1, 2, 64):
             for gpus in (0, 1, 8):
                 efa = 4 if gpus == 8 else 0
-                spec = make_spec(kind, "nlp", nodes=nodes, gpus_per_node=gpus, efa_devices=efa, name=f"g-{nodes}-{gpus}")
+                spec = make_spec(kind, "nlp", name=f"g-{nodes}-{gpus}", nodes=nodes, gpus_per_node=gpus,
+                                 efa_devices=efa)
                 (tmp_path / f"{kind}-{nodes}-{gpus}.yaml").write_text(to_yaml(render(spec, STACK.team("nlp"))))
                 count += 1
     elastic = make_spec("pytorchjob", "nlp", nodes=8, min_nodes=2, name="elastic")

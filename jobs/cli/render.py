@@ -10,7 +10,16 @@ from infra.config import ConfigError, load_stack
 from jobs.cli.errors import fail
 from jobs.cli.main import app
 from jobs.render import default_specs, manifest_path, render, to_yaml, write_manifests
-from jobs.spec import KINDS, SpecError, build_spec, parse_env, parse_nodes
+from jobs.spec import (
+    DEFAULT_EPOCHS,
+    DEFAULT_GPUS_PER_NODE,
+    DEFAULT_NODES,
+    KINDS,
+    SpecError,
+    build_spec,
+    parse_env,
+    parse_nodes,
+)
 
 
 @app.command("render")
@@ -20,15 +29,15 @@ def render_command(
     kind: str | None = typer.Option(None, "--kind", help=f"Job kind: {' | '.join(KINDS)}."),
     all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
     name: str | None = typer.Option(None, "--name", help="Job name (DNS-1123 label; default <team>-<kind>)."),
-    nodes: str = typer.Option("2", "--nodes", help="Nodes N, or MIN:MAX for an elastic PyTorchJob."),
-    gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=0, help="GPUs per node (0 = CPU only)."),
+    nodes: str = typer.Option(str(DEFAULT_NODES), "--nodes", help="Nodes N, or MIN:MAX for an elastic PyTorchJob."),
+    gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", min=0, help="GPUs per node (0 = CPU)."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPUs per node (default 3 per GPU, 2 on CPU)."),
     memory_gib: int | None = typer.Option(None, "--memory-gib", help="Memory per node in GiB."),
     efa: int | None = typer.Option(None, "--efa", help="EFA devices per node (sets FI_PROVIDER=efa)."),
     capacity_type: str = typer.Option("on-demand", "--capacity-type", help="on-demand | spot."),
     node_pool: str | None = typer.Option(None, "--node-pool", help="Karpenter NodePool (default from GPUs/capacity)."),
     image: str | None = typer.Option(None, "--image", help="Container image (default the kind's gpuyard image)."),
-    epochs: int = typer.Option(10, "--epochs", help="Trainer epochs."),
+    epochs: int = typer.Option(DEFAULT_EPOCHS, "--epochs", help="Trainer epochs."),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts before the job fails."),
     ttl: int | None = typer.Option(None, "--ttl", help="Seconds to keep the finished job."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the trainer, repeatable."),
