@@ -121,7 +121,10 @@ class S3Storage:
             attempt += 1
 
     def check(self) -> None:
-        self._retry("head bucket", lambda: self._s3.head_bucket(Bucket=self.bucket), attempts=2)
+        try:
+            self._retry("head bucket", lambda: self._s3.head_bucket(Bucket=self.bucket), attempts=2)
+        except MissingObject:
+            raise StorageError(f"{self.uri}: bucket {self.bucket!r} not found") from None
 
     def put(self, name: str, data: bytes) -> None:
         self._retry(f"put {name}", lambda: self._s3.put_object(Bucket=self.bucket, Key=self._key(name), Body=data))

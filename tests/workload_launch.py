@@ -1,0 +1,146 @@
+"""Helpers for the trainer tests: launch commands, reading the done line, a faulty TCP proxy."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from jobs.local_aws import free_port
+from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+
+
+def python_cmd(args: TrainArgs) -> list[str]:
+    return [sys.executable, "-m", TRAIN_MODULE, *args.to_argv()]
+
+
+def torchrun_cmd(args: TrainArgs, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    return [str(BIN / "torchrun"), "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "-m", TRAIN_MODULE, *args.to_argv()]
+
+
+def mpirun_cmd(args: TrainArgs, nproc: int = 2) -> list[str]:
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nproc),
+            "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}", "-x", "TTY_INTERACTIVE=0",
+            "-x", "PATH", "-x", "PYTHONPATH", sys.executable, "-m", TRAIN_MODULE, *args.to_argv()]
+
+
+def ray_cmd(args: TrainArgs, workers: int = 2) -> list[str]:
+    return [sys.executable, "-m", RAY_MODULE, *args.to_argv(), "--num-workers", str(workers)]
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def done_event(result: subprocess.CompletedProcess) -> dict:
+    """The single ``done`` line of a finished run (fails loudly with the run's stderr otherwise)."""
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    done = [event for event in events(result.stdout) if event["event"] == "done"]
+    assert len(done) == 1, result.stdout
+    return done[0]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+class FaultyProxy:
+    """A TCP proxy on 127.0.0.1 in front of a server, with real network faults.
+
+    ``down()`` resets every connection and refuses new ones until ``up()``; ``hold(pattern)`` stops
+    forwarding a connection once a client sends bytes containing ``pattern`` (``held`` is then set).
+    """
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._down = threading.Event()
+        self._pattern: bytes | None = None
+        self.held = threading.Event()
+        self._connections: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self._down.set()
+        with self._lock:
+            for connection in self._connections:
+                _reset(connection)
+            self._connections.clear()
+
+    def up(self) -> None:
+        self._down.clear()
+
+    def hold(self, pattern: bytes) -> None:
+        self._pattern = pattern
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._down.is_set():
+                _reset(client)
+                continue
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._connections += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if from_client and self._pattern and self._pattern in data:
+                    self.held.set()
+                    return  # never forwarded: the client waits until it gives up or dies
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            if not (from_client and self.held.is_set()):
+                _reset(sink)
+
+
+def _reset(connection: socket.socket) -> None:
+    try:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+        connection.close()
+    except OSError:
+        pass
