@@ -125,8 +125,14 @@ def _urn_name(urn: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Inputs as JSON values (unknowns, secrets and resource references become strings)."""
-    return json.loads(json.dumps(value, default=str))
+    """Inputs as JSON values: unknowns, secrets and resource references become strings, and whole numbers
+    (which Pulumi's wire format carries as floats) become ints again."""
+    return json.loads(json.dumps(value, default=str), parse_float=_number)
+
+
+def _number(text: str) -> int | float:
+    number = float(text)
+    return int(number) if number.is_integer() else number
 
 
 def encode_config(values: dict[str, Any]) -> dict[str, str]:

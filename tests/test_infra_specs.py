@@ -1,0 +1,181 @@
+"""Pure builders of the infrastructure: subnets, policies, launch templates, NodePools, tenancy and add-on specs.
+
+The Kubernetes objects built for the dev stack also have goldens in tests/golden/infra/ (rewrite with
+GPUYARD_UPDATE_GOLDEN=1 and review the diff like code).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.addons import kuberay_values, torch_runtime_spec
+from infra.cluster import gpu_node_taints, kubeconfig, launch_template_spec
+from infra.config import KarpenterConfig, Team, load_stack
+from infra.dashboard import training_dashboard
+from infra.karpenter import ec2_node_class_spec, node_pool_spec, node_pools
+from infra.monitoring import training_pod_monitor_spec
+from infra.network import subnet_cidrs, subnet_tags
+from infra.policies import bucket_tls_only_policy, irsa_assume_role_policy, team_checkpoint_policy
+from infra.storage import checkpoint_lifecycle_rules
+from infra.tenancy import team_network_policy_spec, team_queue_spec, team_quota
+from infra_plans import kubernetes_manifests, planned
+
+GOLDEN = Path(__file__).parent / "golden" / "infra"
+UPDATE = os.environ.get("GPUYARD_UPDATE_GOLDEN") == "1"
+MANIFESTS = Path(__file__).resolve().parents[1] / "infra" / "manifests" / "training-operator" / "kustomization.yaml"
+
+
+@pytest.mark.parametrize(("cidr", "azs"), [("10.0.0.0/16", 2), ("10.20.0.0/16", 3), ("10.0.0.0/20", 6), ("172.16.0.0/12", 4)])
+def test_subnets_are_disjoint_and_inside_the_vpc(cidr, azs):
+    public, private = subnet_cidrs(cidr, azs)
+    assert len(public) == len(private) == azs
+    networks = [ipaddress.ip_network(n) for n in public + private]
+    vpc = ipaddress.ip_network(cidr)
+    assert all(n.subnet_of(vpc) for n in networks)
+    assert not any(a.overlaps(b) for i, a in enumerate(networks) for b in networks[i + 1 :])
+    assert all(ipaddress.ip_network(p).num_addresses * 8 == ipaddress.ip_network(q).num_addresses for p, q in zip(public, private))
+
+
+@pytest.mark.parametrize(("public", "key"), [(True, "kubernetes.io/role/elb"), (False, "kubernetes.io/role/internal-elb")])
+def test_subnet_tags(public, key):
+    tags = subnet_tags("c1", public)
+    assert tags[key] == "1"
+    assert ("karpenter.sh/discovery" in tags) is (not public)
+
+
+@pytest.mark.parametrize(("namespace", "account"), [("team-a", "a-trainer"), ("kube-system", "karpenter")])
+def test_irsa_trust_names_exactly_one_service_account(namespace, account):
+    policy = irsa_assume_role_policy("arn:aws:iam::1:oidc-provider/oidc.example/id/X", "https://oidc.example/id/X", namespace, account)
+    (statement,) = policy["Statement"]
+    assert statement["Principal"] == {"Federated": "arn:aws:iam::1:oidc-provider/oidc.example/id/X"}
+    assert statement["Condition"] == {
+        "StringEquals": {
+            "oidc.example/id/X:sub": f"system:serviceaccount:{namespace}:{account}",
+            "oidc.example/id/X:aud": "sts.amazonaws.com",
+        }
+    }
+
+
+@pytest.mark.parametrize("prefix", ["teams/a", "/teams/a/", "x"])
+def test_team_checkpoint_policy_is_limited_to_its_prefix(prefix):
+    objects, listing = team_checkpoint_policy("arn:aws:s3:::b", prefix)["Statement"]
+    clean = prefix.strip("/")
+    assert objects["Resource"] == f"arn:aws:s3:::b/{clean}/*"
+    assert "s3:*" not in objects["Action"]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == [f"{clean}/*", clean]
+
+
+def test_bucket_policy_denies_plain_http():
+    (statement,) = bucket_tls_only_policy("arn:aws:s3:::b")["Statement"]
+    assert statement["Effect"] == "Deny" and statement["Resource"] == ["arn:aws:s3:::b", "arn:aws:s3:::b/*"]
+    assert statement["Condition"]["Bool"]["aws:SecureTransport"] == "false"
+
+
+@pytest.mark.parametrize("efa", [False, True])
+def test_launch_template_requires_imdsv2_and_encrypts_root(efa):
+    spec = launch_template_spec(200, efa)
+    assert spec["metadata_options"]["http_tokens"] == "required"
+    assert spec["block_device_mappings"][0]["ebs"]["encrypted"] == "true"
+    assert ("network_interfaces" in spec) is efa
+
+
+def test_gpu_node_taint_matches_the_conventions():
+    assert gpu_node_taints() == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
+
+
+def test_kubeconfig_uses_aws_token():
+    config = kubeconfig("c1", "https://x", "CA", "eu-west-1")
+    assert config["users"][0]["user"]["exec"]["args"] == ["eks", "get-token", "--cluster-name", "c1", "--region", "eu-west-1"]
+
+
+@pytest.mark.parametrize(("gpu", "policy"), [(True, "WhenEmpty"), (False, "WhenEmptyOrUnderutilized")])
+def test_node_pool_spec(gpu, policy):
+    spec = node_pool_spec("p", capacity_types=["spot"], families=("g5",), gpu=gpu, limit=8, weight=5)
+    assert spec["disruption"]["consolidationPolicy"] == policy
+    assert ("taints" in spec["template"]["spec"]) is gpu
+    assert spec["template"]["spec"]["expireAfter"] == ("Never" if gpu else "720h")
+    assert spec["limits"] == ({"nvidia.com/gpu": "8"} if gpu else {"cpu": "8"})
+
+
+@pytest.mark.parametrize(("spot", "pools"), [(True, {"gpu-on-demand", "gpu-spot", "cpu"}), (False, {"gpu-on-demand", "cpu"})])
+def test_spot_pool_follows_config(spot, pools):
+    specs = node_pools(KarpenterConfig(spot=spot))
+    assert set(specs) == pools
+    assert specs["cpu"]["template"]["spec"]["requirements"][0]["values"] == (["spot", "on-demand"] if spot else ["on-demand"])
+
+
+def test_node_class_selects_discovery_subnets_and_cluster_security_group():
+    spec = ec2_node_class_spec("c1", "node-role", "sg-1")
+    assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "c1"}}]
+    assert spec["securityGroupSelectorTerms"] == [{"id": "sg-1"}]
+
+
+@pytest.mark.parametrize("team", [Team(name="a"), Team(name="b", gpu_quota=0, cpu_quota=2, memory_quota_gib=4, queue_weight=7)])
+def test_team_quota_and_queue_agree(team):
+    quota, queue = team_quota(team), team_queue_spec(team)
+    assert quota["requests.nvidia.com/gpu"] == queue["capability"]["nvidia.com/gpu"] == str(team.gpu_quota)
+    assert quota["requests.memory"] == queue["capability"]["memory"] == f"{team.memory_quota_gib}Gi"
+    assert queue["weight"] == team.queue_weight
+
+
+def test_network_policy_admits_only_own_namespace_and_prometheus():
+    spec = team_network_policy_spec()
+    sources = [peer for rule in spec["ingress"] for peer in rule["from"]]
+    assert sources == [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_addon_specs():
+    assert kuberay_values()["batchScheduler"] == {"name": "volcano"}
+    runtime = torch_runtime_spec("reg/ddp:1")
+    container = runtime["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "reg/ddp:1" and container["ports"][0]["name"] == "metrics"
+    assert training_pod_monitor_spec()["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert checkpoint_lifecycle_rules(9)[0]["noncurrent_version_expiration"] == {"noncurrent_days": 9}
+
+
+def test_dashboard_has_one_panel_per_training_signal():
+    board = training_dashboard()
+    titles = [panel["title"] for panel in board["panels"]]
+    assert len(titles) == len(set(titles)) == 6
+    assert json.loads(json.dumps(board)) == board
+
+
+def test_training_operator_overlay_gang_schedules_with_volcano_and_leaves_mpijob_to_mpi_operator():
+    kustomization = yaml.safe_load(MANIFESTS.read_text())
+    assert kustomization["resources"] == [
+        "https://github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
+    ]
+    args_patch, crd_patch = kustomization["patches"]
+    (operation,) = yaml.safe_load(args_patch["patch"])
+    args = operation["value"]
+    assert "--gang-scheduler-name=volcano" in args
+    schemes = {a.split("=", 1)[1] for a in args if a.startswith("--enable-scheme=")}
+    assert schemes == {"tfjob", "pytorchjob", "xgboostjob", "paddlejob", "jaxjob"}
+    deleted = yaml.safe_load(crd_patch["patch"])
+    assert (deleted["$patch"], deleted["kind"], deleted["metadata"]["name"]) == (
+        "delete", "CustomResourceDefinition", "mpijobs.kubeflow.org"
+    )
+
+
+@pytest.mark.parametrize("kind", ["NodePool", "EC2NodeClass", "Queue", "PodMonitor", "ClusterTrainingRuntime"])
+def test_dev_custom_resources_match_their_golden(kind):
+    manifests = [m for m in kubernetes_manifests(planned("dev")) if m["kind"] == kind]
+    text = yaml.safe_dump_all(sorted(manifests, key=lambda m: m["metadata"]["name"]), sort_keys=True)
+    path = GOLDEN / f"dev-{kind.lower()}.yaml"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with GPUYARD_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path} differs: review, then rewrite with GPUYARD_UPDATE_GOLDEN=1"
+
+
+def test_stack_teams_reach_the_plan():
+    assert {m["metadata"]["name"] for m in kubernetes_manifests(planned("dev")) if m["kind"] == "Namespace"} == {
+        t.namespace for t in load_stack("dev").teams
+    }
