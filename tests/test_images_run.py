@@ -1,8 +1,8 @@
 """Each image's ENTRYPOINT + CMD, parsed from its Dockerfile, runs here outside Docker.
 
 The image never runs a command these tests did not: torchrun with 2 processes for ``ddp``,
-the ``mpi`` worker's sshd (reached with the image's ssh client config) and mpirun with 2
-ranks, Ray Train with 2 workers for ``ray``. The three trainers reach the same weights.
+the ``mpi`` worker's sshd (reached with the image's ssh client config) and the MPIJob
+launcher's mpirun with 2 ranks, Ray Train with 2 workers for ``ray``. All reach the same weights.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from dockerfile_parse import IMAGES, Dockerfile
+from infra.config import load_stack
+from jobs.render import render
+from jobs.spec import build_spec
 from jobs.workload.args import TRAIN_MODULE
 
 pytestmark = pytest.mark.slow
@@ -74,15 +77,26 @@ def test_ddp_image_command_trains_under_torchrun_with_2_processes(ddp_done):
     assert ddp_done["epochs"] == epochs and len(ddp_done["weights_sha256"]) == 64
 
 
-def test_mpirun_2_ranks_of_the_mpi_image_reach_the_ddp_weights(ddp_done, tmp_path):
-    """The launcher's mpirun (rendezvous exported with -x) on the mpi image's tools and trainer."""
-    mpi = Dockerfile.of("mpi")
-    argv = trainer_argv(Dockerfile.of("ddp").command(), TRAIN_MODULE)
-    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--bind-to", "none",
-               "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PATH", "-x", "OMP_NUM_THREADS",
-               "python3", "-m", TRAIN_MODULE, *argv]
-    env = image_env(mpi, tmp_path, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    assert run(command, env, tmp_path)["weights_sha256"] == ddp_done["weights_sha256"]
+def test_mpijob_launcher_command_runs_2_ranks_to_the_ddp_weights(ddp_done, tmp_path):
+    """The rendered MPIJob launcher's mpirun, as the mpi image runs it, here on 127.0.0.1.
+
+    Only what cannot work outside a cluster changes: root needs --allow-run-as-root, 2 ranks
+    on this machine --oversubscribe, the rendezvous is local, and the checkpoint and metrics
+    go to a temporary folder and a free port.
+    """
+    config = load_stack("dev")
+    team = config.teams[0]
+    spec = build_spec(config, team, "mpijob", epochs=int(trainer_argv(Dockerfile.of("ddp").command(), TRAIN_MODULE)[0]),
+                      checkpoint_uri=str(tmp_path / "ckpt"))
+    launcher = render(spec, team)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", *launcher["command"][1:], *launcher["args"]]
+    assert command[command.index("-np") + 1] == "2"
+    command[command.index("--metrics-port") + 1] = str(free_port())
+    env = {item["name"]: item["value"] for item in launcher["env"]}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    done = run(command, image_env(Dockerfile.of("mpi"), tmp_path, **env), tmp_path)
+    assert (done["epochs"], done["weights_sha256"]) == (ddp_done["epochs"], ddp_done["weights_sha256"])
+    assert any((tmp_path / "ckpt").iterdir()), "rank 0 wrote no checkpoint"
 
 
 def test_ray_image_command_trains_with_2_ray_workers_to_the_ddp_weights(ddp_done, tmp_path):
