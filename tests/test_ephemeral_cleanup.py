@@ -262,8 +262,8 @@ def _throttling_body(authorization: str) -> bytes:
 def gpuyard(*args: str, endpoint: str, stdin: str | None = None, extra_env: dict[str, str] | None = None):
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "COLUMNS": "200", **(extra_env or {})}
-    return subprocess.run([GPUYARD, *args], env=env, text=True, capture_output=True,
-                          input=stdin, timeout=300)
+    stdin_source = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}
+    return subprocess.run([GPUYARD, *args], env=env, text=True, capture_output=True, timeout=300, **stdin_source)
 
 
 @pytest.fixture
@@ -300,11 +300,10 @@ def test_dry_run_lists_a_table_and_changes_nothing(local_aws, seeded):
     assert seeded.existing() == before
 
 
-@pytest.mark.parametrize("answer", [None, "n\n", ""])
+@pytest.mark.parametrize("answer", ["n\n", "", None], ids=["no", "closed-stdin", "dev-null"])
 def test_without_yes_it_asks_and_no_or_end_of_input_deletes_nothing(local_aws, seeded, answer):
     before = seeded.existing()
-    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, endpoint=local_aws.endpoint_url,
-                     stdin=answer if answer is not None else "")
+    result = gpuyard("env", "cleanup", "--cluster", CLUSTER, endpoint=local_aws.endpoint_url, stdin=answer)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "gpuyard: error: not confirmed, nothing deleted (pass --yes to skip the question)"]
@@ -380,3 +379,20 @@ def test_unreachable_endpoint_before_any_change_is_one_line():
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpuyard: error: AWS endpoint unreachable:")
+
+
+def test_a_target_group_still_in_use_is_retried_then_reported_and_the_rest_is_deleted(local_aws):
+    seeder = Seeder(local_aws.endpoint_url)
+    seeder.cluster_leftovers(CLUSTER, doomed=True)
+    stack_lb = seeder.load_balancer({TAG_STACK: "eph"}, doomed=False)  # the stack's LB, forwarding to a cluster TG
+    busy = seeder.target_group({"elbv2.k8s.aws/cluster": CLUSTER}, doomed=False)
+    seeder.elbv2.create_listener(LoadBalancerArn=stack_lb, Port=8080, Protocol="HTTP",
+                                 DefaultActions=[{"Type": "forward", "TargetGroupArn": busy}])
+    progress: list[str] = []
+    cleaner = Cleaner(CLUSTER, wait_timeout=1.0, poll_interval=0.2, on_progress=progress.append)
+    report = cleaner.run(cleaner.find())
+    assert not report.ok and report.aborted is None
+    assert [(o.id, "ResourceInUse" in why) for o, why in report.failed.items()] == [(busy, True)]
+    assert [o.id for o in report.left] == [busy]
+    assert any("still in use, retrying" in line for line in progress)
+    assert seeder.existing() == seeder.world.kept

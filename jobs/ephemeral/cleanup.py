@@ -153,7 +153,8 @@ class Cleaner:
             raise CleanupError("no AWS region: pass --region or set AWS_REGION") from None
         self.kinds = (
             Kind("instance", self._find_instances, self._describe_instances,
-                 lambda tags, state: karpenter_instance(tags, cluster), self._terminate_instance),
+                 lambda tags, state: karpenter_instance(tags, cluster),
+                 lambda instance: self.ec2.terminate_instances(InstanceIds=[instance])),
             Kind("load-balancer", self._find_load_balancers, self._describe_load_balancers,
                  lambda tags, state: load_balancer_controller_resource(tags, cluster),
                  lambda arn: self.elbv2.delete_load_balancer(LoadBalancerArn=arn)),
@@ -176,7 +177,7 @@ class Cleaner:
     def find(self) -> list[Orphan]:
         """Everything that would be deleted now, in deletion order."""
         try:
-            return [orphan for kind in self.kinds for orphan in kind.find()]
+            return self._find_all()
         except ENDPOINT_ERRORS as error:
             raise CleanupError(f"AWS endpoint unreachable: {_one_line(error)}") from None
         except (ClientError, botocore.exceptions.NoCredentialsError) as error:
@@ -188,20 +189,19 @@ class Cleaner:
         seen = list(plan)
         try:
             for kind in self.kinds:
-                current = kind.find()
-                seen += [orphan for orphan in current if orphan not in seen]
-                targets = sorted({*current, *(orphan for orphan in plan if orphan.kind == kind.name)})
+                found = kind.find()
+                seen += [orphan for orphan in found if orphan not in seen]
+                targets = sorted({*found, *(orphan for orphan in plan if orphan.kind == kind.name)})
                 if targets:
                     self._delete_kind(kind, targets, report)
+            report.left = self._find_all()
         except ENDPOINT_ERRORS as error:
             report.aborted = f"AWS endpoint lost: {_one_line(error)}"
-        try:
-            report.left = [] if report.aborted else self.find()
-        except CleanupError:
-            report.aborted = report.aborted or "AWS endpoint lost while checking what is left"
-        if report.aborted:
             report.left = [orphan for orphan in seen if orphan not in report.deleted]
         return report
+
+    def _find_all(self) -> list[Orphan]:
+        return [orphan for kind in self.kinds for orphan in kind.find()]
 
     # -- deleting ---------------------------------------------------------------
 
@@ -258,9 +258,6 @@ class Cleaner:
                     report.failed[orphan] = f"still {still[orphan_id][1]} after {self.wait_timeout:.0f}s"
                 return
             time.sleep(self.poll_interval)
-
-    def _terminate_instance(self, instance_id: str) -> None:
-        self.ec2.terminate_instances(InstanceIds=[instance_id])
 
     # -- EC2 instances ------------------------------------------------------------
 
