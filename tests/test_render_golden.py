@@ -12,6 +12,7 @@ import pytest
 
 from infra.config import load_stack
 from jobs.render import default_specs, render, render_all, to_yaml
+from jobs.spec import KINDS
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUYARD_UPDATE_GOLDEN") == "1"
@@ -35,11 +36,12 @@ def test_matches_golden(spec):
 
 
 def test_every_golden_is_rendered():
-    assert sorted(GOLDEN.glob("*/*.yaml")) == sorted(golden_path(spec) for spec in SPECS)
+    goldens = [path for kind in KINDS for path in (GOLDEN / kind).glob("*.yaml")]
+    assert sorted(goldens) == sorted(golden_path(spec) for spec in SPECS)
 
 
 def test_goldens_pass_the_official_schemas(validate_manifests):
-    result = subprocess.run([sys.executable, str(validate_manifests), "--strict", str(GOLDEN)],
+    result = subprocess.run([sys.executable, str(validate_manifests), "--strict", *(str(GOLDEN / k) for k in KINDS)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(SPECS)} passed, 0 failed" in result.stdout

@@ -19,7 +19,8 @@ IRSA_ENV = ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_REGION", "AWS_DE
 
 
 def launcher_env(spec: JobSpec, master_addr: str) -> dict[str, str]:
-    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT), **trainer_env(spec)}
+    """The rendezvous, plain output (mpirun hands ranks a pty; rich then draws bars), the trainer's env."""
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(MASTER_PORT), "TTY_INTERACTIVE": "0", **trainer_env(spec)}
 
 
 def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None = None) -> list[str]:
