@@ -22,7 +22,7 @@ env_app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)  # AWS names and Pulumi output print as they are
 
 
 def orphan_table(title: str, orphans: list[Orphan], reasons: dict[Orphan, str] | None = None) -> Table:
@@ -104,16 +104,23 @@ def _pulumi_reason(error: auto.CommandError) -> str:
     return lines[-1] if lines else "see the output above"
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        raise EnvError("cannot tell who you are: pass --owner NAME") from None
+
+
 @env_app.command()
 def create(
     name: str = typer.Argument(..., help="Environment (stack) name, e.g. pr-123."),
     ttl: str = typer.Option(..., "--ttl", help="Lifetime: 30m, 8h, 2d, 1h30m (at most 30d)."),
     team: str | None = typer.Option(None, "--team", help="Team of stacks/Pulumi.ephemeral.yaml it is for."),
-    owner: str = typer.Option(getpass.getuser(), "--owner", help="Who answers for it (default: you)."),
+    owner: str | None = typer.Option(None, "--owner", help="Who answers for it (default: your user name)."),
 ) -> None:
     """Create and deploy stack NAME from stacks/Pulumi.ephemeral.yaml, leased until now + TTL."""
     try:
-        env = create_env(name, parse_ttl(ttl), owner, team, datetime.now(UTC), typer.echo)
+        env = create_env(name, parse_ttl(ttl), owner or _user(), team, datetime.now(UTC), console.print)
     except (TTLError, EnvError, ConfigError) as error:
         fail(str(error))
     except auto.CommandError as error:

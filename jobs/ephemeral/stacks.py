@@ -56,10 +56,9 @@ def require_pulumi_cli() -> None:
         raise EnvError(PULUMI_MISSING)
 
 
-def check_name(name: str) -> str:
+def check_name(name: str) -> None:
     if not re.fullmatch(DNS1123_LABEL, name or ""):
         raise EnvError(f"bad environment name {name!r}: use lower-case letters, digits and '-' (like pr-123)")
-    return name
 
 
 def env_config(name: str, template: Mapping[str, Any], owner: str, team: str | None,
@@ -121,7 +120,8 @@ def create_env(name: str, ttl: timedelta, owner: str, team: str | None, now: dat
         raise
     out(f"creating {name}: cluster {values['gpuyard:cluster_name']}, expires {values[LEASE_KEY]['expires_at']}")
     stack.up(on_output=out)
-    return env_from_config(name, {key: _config_value(value).value for key, value in values.items()})
+    config = parse_stack(name, values)
+    return EnvStack(name, config.cluster_name, config.region, config.lease)
 
 
 def list_envs() -> list[EnvStack]:
