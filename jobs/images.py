@@ -2,7 +2,7 @@
 
 The registry is ``gpuyard:image_registry`` when set (an ECR host plus the cluster
 name, as the stack's ``ecr_repositories`` output gives it), else the cluster name,
-which is also how ``images/build`` tags local builds. ECR repositories are named
+which is also how ``gpuyard images build`` tags local builds. ECR repositories are named
 ``<cluster_name>/<image>``.
 """
 
