@@ -7,7 +7,6 @@ import json
 import typer
 
 from infra.config import ConfigError
-from infra.plan import format_tree, plan
 from jobs.cli.errors import fail
 from jobs.cli.main import app
 
@@ -18,6 +17,8 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="A JSON list of {type, name, parent, inputs}."),
 ) -> None:
     """Run the real Pulumi program with mocks: a tree by component with counts per type (no cloud, no CLI)."""
+    from infra.plan import format_tree, plan  # the Pulumi SDKs load only when planning
+
     try:
         resources = plan(stack)
     except ConfigError as error:
