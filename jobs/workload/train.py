@@ -161,6 +161,7 @@ def main(argv: list[str]) -> None:
     dist.init_process_group(env)
     try:
         run(args, env, storage)
+        torch.distributed.barrier()  # under mpirun rank 0 hosts the store: nobody may leave early
     finally:
         dist.destroy_process_group()
 
