@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from infra.config import ConfigError, Lease, parse_stack
+from jobs.local_aws import free_port
 from jobs.ephemeral.stacks import (LEASE_KEY, PULUMI_MISSING, EnvError, EnvStack, due_for_reaping, env_config,
                                    env_from_config)
 
@@ -91,7 +92,7 @@ def sandbox(tmp_path):
     path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
     if shutil.which("pulumi", path=path):
         pytest.skip("a Pulumi CLI is installed on this machine")
-    variables = {**os.environ, "PATH": path, "HOME": str(home), "GPUYARD_STACKS_DIR": str(stacks)}
+    variables = {**os.environ, "PATH": path, "HOME": str(home), "GPUYARD_STACKS_DIR": str(stacks), "COLUMNS": "200"}
     variables.pop("PULUMI_HOME", None)
     before = (_tree_digest(stacks), _tree_digest(REPO / "stacks"))
     yield {"env": variables, "stacks": stacks, "home": home, "bin": bin_dir}
@@ -143,25 +144,42 @@ def test_a_missing_template_is_an_unknown_stack(sandbox):
     (sandbox["stacks"] / "ephemeral.yaml.bak").rename(sandbox["stacks"] / "Pulumi.ephemeral.yaml")
 
 
-# A stand-in for the absent Pulumi CLI that answers only the read-only commands the
-# Automation API runs for list, reap --dry-run and a destroy of an unknown stack, from
-# files in $FAKE_PULUMI_STATE, and logs every call; any other command fails loudly.
+# A stand-in for the absent Pulumi CLI: it answers the commands the Automation API runs
+# for list, reap, destroy (select, config, output, destroy, history, stack rm) from
+# $FAKE_PULUMI_STATE/stacks.json, logs every call, and fails loudly on anything else.
 FAKE_PULUMI = r'''#!{python}
 import json, os, sys
 state = os.environ["FAKE_PULUMI_STATE"]
 args = [a for a in sys.argv[1:] if a != "--non-interactive"]
+stack = args[args.index("--stack") + 1] if "--stack" in args else None
 with open(os.path.join(state, "calls.log"), "a") as log:
-    log.write(" ".join(args) + "\n")
-stacks = json.load(open(os.path.join(state, "stacks.json")))
+    log.write(" ".join(args[:2] if args[0] == "stack" else args[:1]) + (f" {{stack}}" if stack else "") + "\n")
+path = os.path.join(state, "stacks.json")
+stacks = json.load(open(path))
 if args == ["version"]:
     print("v3.272.0")
 elif args[:3] == ["stack", "ls", "--json"]:
     print(json.dumps([{{"name": name, "current": False}} for name in stacks]))
-elif args[:1] == ["config"] and "--stack" in args:
-    name = args[args.index("--stack") + 1]
-    print(json.dumps({{k: {{"value": v, "secret": False}} for k, v in stacks[name].items()}}))
-elif args[:2] == ["stack", "select"] and args[3] not in stacks:
-    sys.exit(print(f"error: no stack named '{{args[3]}}' found", file=sys.stderr) or 255)
+elif stack not in stacks and args[:2] != ["stack", "rm"]:
+    sys.exit(print(f"error: no stack named '{{stack}}' found", file=sys.stderr) or 255)
+elif args[:1] == ["config"]:
+    print(json.dumps({{k: {{"value": v, "secret": False}} for k, v in stacks[stack].items()}}))
+elif args[:2] == ["stack", "select"]:
+    pass
+elif args[:3] == ["stack", "output", "--json"]:  # a kubeconfig for a cluster that does not answer
+    print(json.dumps({{"kubeconfig": {{
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{{"name": "c", "cluster": {{"server": os.environ["FAKE_KUBE_SERVER"]}}}}],
+        "users": [{{"name": "u", "user": {{"token": "t"}}}}],
+        "contexts": [{{"name": "c", "context": {{"cluster": "c", "user": "u"}}}}]}}}}))
+elif args[:1] == ["destroy"]:
+    print(f"Destroying ({{stack}}):")
+elif args[:2] == ["stack", "history"]:
+    print(json.dumps([{{"kind": "destroy", "startTime": "2026-12-02T15:00:00.000Z", "message": "",
+                       "environment": {{}}, "config": {{}}, "result": "succeeded"}}]))
+elif args[:3] == ["stack", "rm", "--yes"] and args[3] in stacks:
+    del stacks[args[3]]
+    json.dump(stacks, open(path, "w"))
 else:
     sys.exit(print("fake pulumi: unsupported " + " ".join(args), file=sys.stderr) or 3)
 '''
@@ -175,18 +193,19 @@ def fake_pulumi(sandbox, tmp_path):
                                       "expires_at": f"{(datetime.now(UTC) + timedelta(hours=hours)):%Y-%m-%dT%H:%M:%SZ}"})
     (state / "stacks.json").write_text(json.dumps({
         "dev": {"gpuyard:cluster_name": "gpuyard-dev", "aws:region": "us-west-2"},
-        "pr-1": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-1", "aws:region": "us-west-2", LEASE_KEY: lease(-2)},
-        "pr-2": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-2", "aws:region": "us-west-2", LEASE_KEY: lease(5)},
+        "pr-1": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-1", "aws:region": "us-east-1", LEASE_KEY: lease(-2)},
+        "pr-2": {"gpuyard:cluster_name": "gpuyard-ephemeral-pr-2", "aws:region": "us-east-1", LEASE_KEY: lease(5)},
     }))
     script = sandbox["bin"] / "pulumi"
     script.write_text(FAKE_PULUMI.format(python=sys.executable))
     script.chmod(0o755)
     sandbox["env"]["FAKE_PULUMI_STATE"] = str(state)
+    sandbox["env"]["FAKE_KUBE_SERVER"] = f"https://127.0.0.1:{free_port()}"
     return state
 
 
 def _calls(state: Path) -> list[str]:
-    return [line.split(" --stack")[0] for line in (state / "calls.log").read_text().splitlines() if line != "version"]
+    return [line for line in (state / "calls.log").read_text().splitlines() if line != "version"]
 
 
 def test_list_shows_only_leased_stacks_with_their_expiry(sandbox, fake_pulumi):
@@ -194,7 +213,7 @@ def test_list_shows_only_leased_stacks_with_their_expiry(sandbox, fake_pulumi):
     assert result.returncode == 0, result.stderr
     assert "pr-1" in result.stdout and "pr-2" in result.stdout and "gpuyard-dev" not in result.stdout
     assert "expired 2h" in result.stdout and "4h59m left" in result.stdout
-    assert set(_calls(fake_pulumi)) == {"stack ls --json", "config --show-secrets --json"}
+    assert set(_calls(fake_pulumi)) == {"stack ls", "config dev", "config pr-1", "config pr-2"}
 
 
 def test_reap_dry_run_names_the_expired_and_destroys_nothing(sandbox, fake_pulumi):
@@ -202,11 +221,60 @@ def test_reap_dry_run_names_the_expired_and_destroys_nothing(sandbox, fake_pulum
     assert result.returncode == 0, result.stderr
     assert "expired (1)" in result.stdout and "pr-1" in result.stdout and "pr-2" not in result.stdout
     assert "dry run: nothing destroyed" in result.stdout
-    assert set(_calls(fake_pulumi)) == {"stack ls --json", "config --show-secrets --json"}
+    assert set(_calls(fake_pulumi)) == {"stack ls", "config dev", "config pr-1", "config pr-2"}
 
 
 def test_destroying_an_unknown_stack_is_one_line_and_exit_2(sandbox, fake_pulumi):
     result = gpuyard(sandbox, "env", "destroy", "pr-9")
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["gpuyard: error: unknown stack 'pr-9' (see `gpuyard env list`)"]
-    assert _calls(fake_pulumi) == ["stack select"]
+    assert _calls(fake_pulumi) == ["stack select pr-9"]
+
+
+@pytest.fixture
+def aws_leftovers(sandbox, local_aws):
+    """moto_server with Karpenter/LBC leftovers of both environments' clusters; the CLI pointed at it."""
+    from test_ephemeral_cleanup import Seeder
+    sandbox["env"].update(local_aws.env)
+    seeder = Seeder(local_aws.endpoint_url)
+    seeder.cluster_leftovers("gpuyard-ephemeral-pr-1", doomed=True)
+    seeder.cluster_leftovers("gpuyard-ephemeral-pr-2", doomed=False)
+    return seeder
+
+
+@pytest.mark.slow
+def test_reap_cleans_up_then_destroys_and_removes_only_the_expired(sandbox, fake_pulumi, aws_leftovers):
+    result = gpuyard(sandbox, "env", "reap")
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert steps == ["[1/4] pr-1: draining NodePools",
+                     "[2/4] pr-1: deleting what Kubernetes and Karpenter left for cluster gpuyard-ephemeral-pr-1",
+                     "[3/4] pr-1: pulumi destroy", "[4/4] pr-1: pulumi stack rm"]
+    drain = "NodePool drain skipped: kubectl is not on PATH" if not shutil.which("kubectl", path=sandbox["env"][
+        "PATH"]) else "NodePool drain skipped: the cluster does not answer"
+    assert drain in result.stdout
+    assert "Destroying (pr-1):" in result.stdout and "pr-1: destroyed" in result.stdout
+    assert aws_leftovers.existing() == aws_leftovers.world.kept
+    pr1 = [call for call in _calls(fake_pulumi) if call not in ("stack ls", "config dev", "config pr-2")]
+    assert [call for call in pr1 if call != "stack output pr-1"] == [
+        "config pr-1", "stack select pr-1", "config pr-1", "destroy pr-1", "stack history pr-1", "stack rm"]
+    assert set(json.loads((fake_pulumi / "stacks.json").read_text())) == {"dev", "pr-2"}
+
+
+@pytest.mark.slow
+def test_destroy_keeps_the_stack_when_cleanup_cannot_reach_aws(sandbox, fake_pulumi):
+    sandbox["env"].update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_MAX_ATTEMPTS": "1",
+                           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    result = gpuyard(sandbox, "env", "destroy", "pr-1")
+    assert result.returncode == 1
+    assert "pr-1: cleanup could not start: AWS endpoint unreachable" in result.stdout
+    assert "destroy pr-1" not in _calls(fake_pulumi)
+    assert "pr-1" in json.loads((fake_pulumi / "stacks.json").read_text())
+
+
+def test_destroy_refuses_a_stack_without_a_lease(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "destroy", "dev")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "gpuyard: error: stack 'dev' has no gpuyard:lease: not an ephemeral environment, refusing to destroy it"]
+    assert _calls(fake_pulumi) == ["stack select dev", "config dev"]
