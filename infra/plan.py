@@ -18,7 +18,7 @@ import yaml
 from pulumi.runtime import rpc, settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.mocks import MockMonitor
-from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
 from infra.config import PROJECT, load_stack, parse_stack, stack_file
@@ -26,6 +26,7 @@ from infra.config import PROJECT, load_stack, parse_stack, stack_file
 PROGRAM = Path(__file__).resolve().parent / "__main__.py"
 ACCOUNT_ID = "123456789012"
 ROOT = "root"
+SECRET = "[secret]"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,12 @@ class RecordingMonitor(MockMonitor):
     def __init__(self, mocks: PlanMocks):
         super().__init__(mocks)
         self.planned: list[PlannedResource] = []
+        self.outputs: dict[str, Any] = {}
+
+    def RegisterResourceOutputs(self, request):
+        if _urn_type(request.urn) == "pulumi:pulumi:Stack":
+            self.outputs = _plain(rpc.deserialize_properties(request.outputs))
+        return super().RegisterResourceOutputs(request)
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
@@ -125,9 +132,13 @@ def _urn_name(urn: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Inputs as JSON values: unknowns, secrets and resource references become strings, and whole numbers
+    """Inputs as JSON values: secrets become "[secret]", unknowns and resource references strings, and whole numbers
     (which Pulumi's wire format carries as floats) become ints again."""
-    return json.loads(json.dumps(value, default=str), parse_float=_number)
+    return json.loads(json.dumps(value, default=str), parse_float=_number, object_hook=_hide_secret)
+
+
+def _hide_secret(value: dict[str, Any]) -> Any:
+    return SECRET if value.get(rpc._special_sig_key) == rpc._special_secret_sig else value
 
 
 def _number(text: str) -> int | float:
@@ -146,18 +157,27 @@ def stack_values(stack: str, directory: Path | None = None) -> dict[str, Any]:
     return yaml.safe_load(stack_file(stack, directory).read_text()).get("config") or {}
 
 
-def plan_values(stack: str, values: dict[str, Any]) -> list[PlannedResource]:
-    """Run the program for ``stack`` with these config values; return every resource it registers."""
+@dataclass(frozen=True)
+class Plan:
+    """Every resource the program registers, in order, and the stack outputs it exports."""
+
+    resources: list[PlannedResource]
+    outputs: dict[str, Any]
+
+
+def plan_values(stack: str, values: dict[str, Any]) -> Plan:
+    """Run the program for ``stack`` with these config values; return what it registers and exports."""
     config = parse_stack(stack, values)
     monitor = RecordingMonitor(PlanMocks(region=config.region))
     settings.reset_options(project=PROJECT, stack=stack, preview=False)
     set_all_config(encode_config(values))
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
-    return monitor.planned
+    settings.set_root_resource(None)  # set_mocks finished a root stack up front; run in a fresh one, as `pulumi up` does
+    _sync_await(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    return Plan(monitor.planned, monitor.outputs)
 
 
-def plan(stack: str, directory: Path | None = None) -> list[PlannedResource]:
+def plan(stack: str, directory: Path | None = None) -> Plan:
     """Plan a stack file: ``Pulumi.<stack>.yaml`` under ``stacks/`` (or ``directory``)."""
     return plan_values(stack, stack_values(stack, directory))
 
@@ -193,7 +213,7 @@ def _descendants(name: str, children: dict[str, list[PlannedResource]]) -> int:
 
 def plan_summary(stack: str) -> tuple[int, dict[str, int]]:
     """(number of resources, count per type) for ``gpuyard demo``."""
-    resources = plan(stack)
+    resources = plan(stack).resources
     return len(resources), dict(Counter(resource.type for resource in resources))
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from functools import cache
 
-from infra.plan import PlannedResource, plan
+from infra.plan import Plan, PlannedResource, plan
 
 
 @cache
+def stack_plan(stack: str) -> Plan:
+    return plan(stack)
+
+
 def planned(stack: str) -> tuple[PlannedResource, ...]:
-    return tuple(plan(stack))
+    return tuple(stack_plan(stack).resources)
 
 
 def of_type(resources, type_: str) -> list[PlannedResource]:

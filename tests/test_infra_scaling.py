@@ -13,7 +13,7 @@ def teams(count: int) -> list[dict]:
 
 def test_resource_count_is_linear_in_teams():
     base = stack_values("dev")
-    plans = {n: plan_values("dev", {**base, "gpuyard:teams": teams(n)}) for n in (1, 10, 50)}
+    plans = {n: plan_values("dev", {**base, "gpuyard:teams": teams(n)}).resources for n in (1, 10, 50)}
     counts = {n: len(resources) for n, resources in plans.items()}
     per_team = (counts[10] - counts[1]) // 9
     assert per_team == 11  # the Team component and its 10 children

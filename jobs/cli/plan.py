@@ -20,7 +20,7 @@ def plan_command(
     from infra.plan import format_tree, plan  # the Pulumi SDKs load only when planning
 
     try:
-        resources = plan(stack)
+        resources = plan(stack).resources
     except ConfigError as error:
         fail(str(error))
     if as_json:
