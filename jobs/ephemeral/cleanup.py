@@ -247,10 +247,10 @@ class Cleaner:
         remaining = {orphan.id: orphan for orphan in orphans}
         while remaining:
             still = kind.describe(list(remaining))
-            for orphan_id in [i for i in remaining if i not in still]:
-                orphan = remaining.pop(orphan_id)
-                report.deleted.append(orphan)
-                self.on_progress(f"deleted {orphan.kind} {orphan.id}")
+            gone = [remaining.pop(orphan_id) for orphan_id in list(remaining) if orphan_id not in still]
+            report.deleted += gone
+            if gone:
+                self.on_progress(f"{len(gone)} {kind.name}(s) gone")
             if not remaining:
                 return
             if time.monotonic() >= deadline:

@@ -187,7 +187,7 @@ def drain_node_pools(stack: auto.Stack, out: Output) -> None:
         command = [kubectl, "--kubeconfig", file.name, "--request-timeout=20s"]
         probe = subprocess.run([*command, "get", "nodepools.karpenter.sh", "-o", "name"], capture_output=True, text=True)
         if probe.returncode != 0:
-            reason = (probe.stderr.strip().splitlines() or ["no answer"])[0]
+            reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1][:200]
             out(f"NodePool drain skipped: the cluster does not answer ({reason})")
             return
         drained = subprocess.run([*command, "delete", "nodepools.karpenter.sh", "--all", "--wait=true", "--timeout=15m"],
