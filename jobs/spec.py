@@ -112,6 +112,11 @@ class JobSpec(BaseModel):
         return self.gpus_per_node or 1
 
 
+def stack_kinds(config: StackConfig) -> tuple[Kind, ...]:
+    """The kinds whose operator the stack installs (Trainer v2 is an optional add-on)."""
+    return tuple(kind for kind in KINDS if kind != "trainjob" or config.addons.trainer_v2)
+
+
 def parse_nodes(text: str) -> tuple[int, int]:
     """``"4"`` -> (4, 4); ``"2:4"`` -> (2, 4) (elastic, min:max)."""
     parts = text.split(":")
@@ -174,6 +179,8 @@ def build_spec(
     """A JobSpec for ``team`` with every unset field defaulted; raises SpecError (one line)."""
     if kind not in KINDS:
         raise SpecError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
+    if kind not in stack_kinds(config):
+        raise SpecError(f"stack {config.stack!r} does not install Kubeflow Trainer v2 (gpuyard:addons.trainer_v2)")
     name = name or f"{team.name}-{kind}"
     ckpt = fields.pop("checkpoint_uri", None) or checkpoint_uri(config, team, name)
     args = tuple(trainer_args(ckpt, epochs).to_argv())

@@ -69,6 +69,7 @@ def test_all_writes_one_file_per_manifest(tmp_path, validate_manifests):
     (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "elastic min nodes 4 > max nodes 2"),
     (["--team", "nlp", "--kind", "mpijob", "--name", "Big_Job"], "name"),
     (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
+    (["--stack", "prod", "--team", "nlp", "--kind", "trainjob"], "does not install Kubeflow Trainer v2"),
     (["--team", "nlp"], "--team and --kind are required"),
     (["--all", "--team", "nlp"], "drop --team/--kind"),
 ])

@@ -4,7 +4,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.config import parse_stack
 from infra.conventions import (
@@ -267,6 +266,13 @@ def test_bad_specs_raise_one_line(fields, message):
     assert "\n" not in str(error.value)
 
 
+def test_trainjob_needs_trainer_v2_in_the_stack():
+    config = parse_stack("p", {"gpuyard:cluster_name": "p", "gpuyard:teams": [{"name": "a"}]})
+    with pytest.raises(SpecError, match="does not install Kubeflow Trainer v2"):
+        make_spec("trainjob", "a", config=config)
+    assert make_spec("pytorchjob", "a", config=config).kind == "pytorchjob"
+
+
 def test_elastic_only_for_pytorchjob():
     with pytest.raises(SpecError, match="need kind pytorchjob"):
         make_spec("mpijob", nodes=4, min_nodes=2)
@@ -306,7 +312,7 @@ def test_write_manifests_adds_files_and_keeps_others(tmp_path):
 
 def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(yaml.YAMLError):
+    with pytest.raises(TypeError, match="cannot write object"):
         write_manifests({Path("good.yaml"): {"kind": "X"}, Path("bad.yaml"): {"kind": object()}}, out)
     assert list(tmp_path.iterdir()) == []
 

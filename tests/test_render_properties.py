@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,9 +81,11 @@ def test_names_fit_a_label_or_are_refused(kind, nodes, name):
 
 @settings(max_examples=50, deadline=None)
 @given(kind=st.sampled_from(KINDS), nodes=st.integers(1, 64), gpus=st.integers(0, 8))
-def test_rendering_is_pure(kind, nodes, gpus):
+def test_rendering_is_pure_and_reads_back(kind, nodes, gpus):
     spec = make_spec(kind, nodes=nodes, gpus_per_node=gpus)
-    assert to_yaml(render(spec, STACK.team("vision"))) == to_yaml(render(spec, STACK.team("vision")))
+    manifest = render(spec, STACK.team("vision"))
+    assert to_yaml(manifest) == to_yaml(render(spec, STACK.team("vision")))
+    assert yaml.safe_load(to_yaml(manifest)) == manifest
 
 
 def test_size_grid_passes_the_official_schemas(tmp_path, validate_manifests):

@@ -1,7 +1,7 @@
 """Render JobSpecs into operator manifests: one small module per kind, one pod builder.
 
 ``render(spec, team)`` returns the manifest as a dict, ``to_yaml`` its bytes-stable text,
-``render_all(config, out_dir)`` writes every kind for every team of a stack (default sizes)
+``render_all(config, out_dir)`` writes every kind the stack runs for every team (default sizes)
 and ``write_manifests`` puts files in place only once all of them rendered.
 """
 
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from infra.config import StackConfig, Team
-from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
-from jobs.spec import KINDS, JobSpec, Kind, build_spec
+from jobs.render import block_yaml, mpijob, pytorchjob, rayjob, trainjob, volcanojob
+from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
 
 RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
     "pytorchjob": pytorchjob.render,
@@ -25,7 +23,6 @@ RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
     "volcanojob": volcanojob.render,
     "trainjob": trainjob.render,
 }
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def render(spec: JobSpec, team: Team) -> dict:
@@ -36,7 +33,7 @@ def render(spec: JobSpec, team: Team) -> dict:
 
 
 def to_yaml(manifest: dict) -> str:
-    return yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    return block_yaml.dump(manifest)
 
 
 def manifest_path(spec: JobSpec) -> Path:
@@ -44,9 +41,9 @@ def manifest_path(spec: JobSpec) -> Path:
     return Path(spec.team) / f"{spec.name}.yaml"
 
 
-def default_specs(config: StackConfig, kinds: Iterable[Kind] = KINDS) -> list[JobSpec]:
-    """One job of each kind per team, at the default size."""
-    return [build_spec(config, team, kind) for team in config.teams for kind in kinds]
+def default_specs(config: StackConfig) -> list[JobSpec]:
+    """One job of each kind the stack runs, per team, at the default size."""
+    return [build_spec(config, team, kind) for team in config.teams for kind in stack_kinds(config)]
 
 
 def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:
