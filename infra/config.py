@@ -20,6 +20,7 @@ DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 STACKS_DIR_ENV = "GPUYARD_STACKS_DIR"
 
 Label = Annotated[str, Field(pattern=DNS1123_LABEL, max_length=63)]
+RoleArn = Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$")]
 
 
 class ConfigError(ValueError):
@@ -44,6 +45,7 @@ class Team(Frozen):
     service_account: Label | None = None
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
     priority_class: Label = "gpuyard-normal"
+    member_role_arns: tuple[RoleArn, ...] = ()  # IAM roles mapped to the team's Kubernetes group
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> "Team":
@@ -158,7 +160,7 @@ class ClusterConfig(Frozen):
     endpoint_private: bool = True
     public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     log_types: tuple[Literal[CONTROL_PLANE_LOGS], ...] = CONTROL_PLANE_LOGS
-    admin_role_arns: tuple[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$")], ...] = ()
+    admin_role_arns: tuple[RoleArn, ...] = ()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     gpu_node_groups: tuple[GpuNodeGroupConfig, ...] = ()
 
