@@ -145,7 +145,7 @@ def test_a_missing_template_is_an_unknown_stack(sandbox):
 
 
 # A stand-in for the absent Pulumi CLI: it answers the commands the Automation API runs
-# for list, reap, destroy (select, config, output, destroy, history, stack rm) from
+# for create, list, reap, destroy (init, config, up, output, destroy, history, rm) from
 # $FAKE_PULUMI_STATE/stacks.json, logs every call, and fails loudly on anything else.
 FAKE_PULUMI = r'''#!{python}
 import json, os, sys
@@ -160,8 +160,16 @@ if args == ["version"]:
     print("v3.272.0")
 elif args[:3] == ["stack", "ls", "--json"]:
     print(json.dumps([{{"name": name, "current": False}} for name in stacks]))
+elif args[:2] == ["stack", "init"]:
+    if args[2] in stacks:
+        sys.exit(print(f"error: stack '{{args[2]}}' already exists", file=sys.stderr) or 255)
+    stacks[args[2]] = {{}}
+    json.dump(stacks, open(path, "w"))
 elif stack not in stacks and args[:2] != ["stack", "rm"]:
     sys.exit(print(f"error: no stack named '{{stack}}' found", file=sys.stderr) or 255)
+elif args[:2] == ["config", "set-all"]:
+    stacks[stack].update(a.split("=", 1) for a in args[4:] if a != "--plaintext")
+    json.dump(stacks, open(path, "w"))
 elif args[:1] == ["config"]:
     print(json.dumps({{k: {{"value": v, "secret": False}} for k, v in stacks[stack].items()}}))
 elif args[:2] == ["stack", "select"]:
@@ -174,6 +182,8 @@ elif args[:3] == ["stack", "output", "--json"]:  # a kubeconfig for a cluster th
         "contexts": [{{"name": "c", "context": {{"cluster": "c", "user": "u"}}}}]}}}}))
 elif args[:1] == ["destroy"]:
     print(f"Destroying ({{stack}}):")
+elif args[:1] == ["up"]:
+    print(f"Updating ({{stack}}):")
 elif args[:2] == ["stack", "history"]:
     print(json.dumps([{{"kind": "destroy", "startTime": "2026-12-02T15:00:00.000Z", "message": "",
                        "environment": {{}}, "config": {{}}, "result": "succeeded"}}]))
@@ -278,3 +288,28 @@ def test_destroy_refuses_a_stack_without_a_lease(sandbox, fake_pulumi):
     assert result.stderr.splitlines() == [
         "gpuyard: error: stack 'dev' has no gpuyard:lease: not an ephemeral environment, refusing to destroy it"]
     assert _calls(fake_pulumi) == ["stack select dev", "config dev"]
+
+
+def test_create_sets_the_template_config_with_its_cluster_and_lease_then_list_shows_it(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "create", "pr-3", "--ttl", "8h", "--team", "sandbox", "--owner", "ana")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Updating (pr-3):" in result.stdout
+    assert "pr-3 is up: cluster gpuyard-ephemeral-pr-3, expires 20" in result.stdout
+    assert _calls(fake_pulumi)[:3] == ["stack init", "config pr-3", "up pr-3"]
+    stored = json.loads((fake_pulumi / "stacks.json").read_text())["pr-3"]
+    decoded = {k: json.loads(v) if v[:1] in "[{" else v for k, v in stored.items()}  # as infra/__main__.py reads it
+    config = parse_stack("pr-3", decoded)
+    assert config.cluster_name == "gpuyard-ephemeral-pr-3"
+    assert config.teams == parse_stack("ephemeral", TEMPLATE).teams
+    assert config.lease.owner == "ana" and config.lease.team == "sandbox"
+    assert timedelta(hours=7, minutes=59) < config.lease.expires_at - datetime.now(UTC) <= timedelta(hours=8)
+
+    listed = gpuyard(sandbox, "env", "list")
+    assert "pr-3" in listed.stdout and "7h59m left" in listed.stdout
+
+
+def test_create_refuses_a_stack_that_exists_in_the_backend(sandbox, fake_pulumi):
+    result = gpuyard(sandbox, "env", "create", "pr-1", "--ttl", "8h")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["gpuyard: error: stack 'pr-1' already exists"]
+    assert _calls(fake_pulumi) == ["stack init"]
