@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
 from infra.config import StackConfig, parse_stack
@@ -58,3 +59,16 @@ def trainer_resources(manifest: dict) -> dict:
         return manifest["spec"]["trainer"]["resourcesPerNode"]
     _, pod = trainer_templates(manifest)[0]
     return pod["spec"]["containers"][0]["resources"]
+
+
+def trainer_argv(manifest: dict) -> list[str]:
+    """The trainer's own arguments, wherever the kind puts them."""
+    spec = manifest["spec"]
+    kind = manifest["kind"]
+    if kind == "TrainJob":
+        return spec["trainer"]["args"]
+    if kind == "RayJob":
+        return shlex.split(spec["entrypoint"])[3:]
+    role = {"PyTorchJob": None, "MPIJob": "launcher", "Job": "mpimaster"}[kind]
+    pod = next(pod for name, _, pod in pod_templates(manifest) if role in (None, name))
+    return pod["spec"]["containers"][0]["args"]

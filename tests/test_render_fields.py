@@ -21,7 +21,15 @@ from jobs.images import image_ref
 from jobs.render import render, write_manifests
 from jobs.spec import KINDS, SpecError, parse_env, parse_nodes, trainer_args
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
-from render_helpers import STACK, make_spec, pod_templates, rendered, trainer_resources, trainer_templates
+from render_helpers import (
+    STACK,
+    make_spec,
+    pod_templates,
+    rendered,
+    trainer_argv,
+    trainer_resources,
+    trainer_templates,
+)
 
 
 def trainer_container(manifest: dict) -> dict:
@@ -40,28 +48,33 @@ def expected_argv(kind: str, team: str = "vision") -> list[str]:
     return trainer_args(f"s3://yard-checkpoints/teams/{team}/{spec.name}").to_argv()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_trainer_gets_train_args_to_argv_verbatim(kind):
+    argv = trainer_argv(rendered(kind))
+    if kind == "rayjob":  # the Ray entry takes the trainer's arguments plus its worker count
+        argv, launcher = argv[:-2], argv[-2:]
+        assert launcher == ["--num-workers", "2"]
+    assert argv == expected_argv(kind)
+    assert parse_args(argv).to_argv() == argv
+
+
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
-def test_torchrun_kinds_pass_train_args_verbatim(kind):
+def test_torchrun_runs_the_trainer_module(kind):
     manifest = rendered(kind)
-    command, args = (manifest["spec"]["trainer"]["command"], manifest["spec"]["trainer"]["args"]) \
-        if kind == "trainjob" else (trainer_container(manifest)["command"], trainer_container(manifest)["args"])
+    command = manifest["spec"]["trainer"]["command"] if kind == "trainjob" else trainer_container(manifest)["command"]
     assert command[0] == "torchrun" and command[-2:] == ["-m", TRAIN_MODULE]
-    assert args == expected_argv(kind)
-    assert parse_args(args).to_argv() == args
 
 
 @pytest.mark.parametrize("kind", ["mpijob", "volcanojob"])
-def test_mpi_launcher_passes_train_args_verbatim(kind):
+def test_mpirun_runs_the_trainer_module(kind):
     launcher = next(pod for role, _, pod in pod_templates(rendered(kind)) if role in ("launcher", "mpimaster"))
-    container = launcher["spec"]["containers"][0]
-    assert container["command"][0] == "mpirun" and container["command"][-3:] == ["python3", "-m", TRAIN_MODULE]
-    assert container["args"] == expected_argv(kind)
+    command = launcher["spec"]["containers"][0]["command"]
+    assert command[0] == "mpirun" and command[-3:] == ["python3", "-m", TRAIN_MODULE]
 
 
-def test_ray_entrypoint_is_train_args_plus_num_workers():
+def test_ray_entrypoint_runs_the_ray_entry_on_every_gpu():
     entry = shlex.split(rendered("rayjob", nodes=3, gpus_per_node=4)["spec"]["entrypoint"])
     assert entry[:3] == ["python", "-m", RAY_MODULE]
-    assert entry[3:-2] == expected_argv("rayjob")
     assert entry[-2:] == ["--num-workers", "12"]
 
 
@@ -228,6 +241,14 @@ def test_team_image_replaces_ddp_only():
 
 def test_checkpoint_uri_defaults_to_team_prefix_and_job_name():
     assert make_spec(name="run-7").checkpoint_uri == "s3://yard-checkpoints/teams/vision/run-7"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_checkpoint_uri_is_annotated_and_passed_to_the_trainer(kind):
+    manifest = rendered(kind, checkpoint_uri="s3://other/ckpt")
+    assert manifest["metadata"]["annotations"]["gpuyard.io/checkpoint-uri"] == "s3://other/ckpt"
+    argv = trainer_argv(manifest)
+    assert argv[argv.index("--checkpoint-uri") + 1] == "s3://other/ckpt"
 
 
 def test_env_is_added_and_wins_over_nccl_defaults():

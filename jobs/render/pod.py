@@ -43,6 +43,9 @@ SHM_PATH = "/dev/shm"
 HELPER_CPU = "1"
 HELPER_MEMORY_GIB = 4
 
+# On the job object, for people and tools looking for a job's checkpoints.
+ANNOTATION_CHECKPOINT_URI = "gpuyard.io/checkpoint-uri"
+
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 # libfabric's EFA provider for NCCL (aws-ofi-nccl), with GPUDirect RDMA where the instance has it.
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
@@ -64,7 +67,13 @@ def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
 
 
 def metadata(spec: JobSpec, team: Team, extra_labels: dict[str, str] | None = None) -> dict:
-    return {"name": spec.name, "namespace": team.namespace, "labels": {**labels(spec), **(extra_labels or {})}}
+    """The job object's name, namespace, labels and where its checkpoints go."""
+    return {
+        "name": spec.name,
+        "namespace": team.namespace,
+        "labels": {**labels(spec), **(extra_labels or {})},
+        "annotations": {ANNOTATION_CHECKPOINT_URI: spec.checkpoint_uri},
+    }
 
 
 def trainer_env(spec: JobSpec) -> dict[str, str]:

@@ -4,6 +4,8 @@ The ClusterTrainingRuntime (created by the stack) owns the JobSet, torchrun's re
 env, the Volcano PodGroup and the metrics port; the TrainJob sets the trainer (image,
 command, nodes, resources) and patches the ``node`` pods with what every gpuyard training
 pod carries (labels, do-not-disrupt, service account, placement, /dev/shm, non-root).
+The TrainJob API has no TTL, restart count or priority class: the runtime's JobSet and
+pod template own them.
 """
 
 from infra.config import Team
@@ -66,7 +68,7 @@ def node_pod_patch(spec: JobSpec, team: Team) -> dict:
 
 def render(spec: JobSpec, team: Team) -> dict:
     meta = metadata(spec, team)
-    meta["annotations"] = {ANNOTATION_QUEUE: team.queue}
+    meta["annotations"][ANNOTATION_QUEUE] = team.queue  # the runtime's Volcano PodGroup reads it
     patch = {"name": NODE_JOB, "template": {"spec": {"template": node_pod_patch(spec, team)}}}
     return {
         "apiVersion": API_VERSION,
