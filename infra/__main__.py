@@ -55,7 +55,10 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     teams = {
         team.name: TeamTenancy(
             f"team-{team.name}",
-            TeamArgs(team, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano, aws_provider, k8s),
+            TeamArgs(
+                team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano,
+                aws_provider, k8s,
+            ),
         )
         for team in config.teams
     }

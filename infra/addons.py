@@ -8,6 +8,7 @@ import pulumi
 import pulumi_kubernetes as kubernetes
 
 from infra.charts import (
+    EFA_DEVICE_PLUGIN,
     KUBEFLOW_TRAINER,
     KUBERAY_OPERATOR,
     MPI_OPERATOR_MANIFEST,
@@ -32,6 +33,11 @@ def gpu_toleration() -> dict[str, str]:
 def gpu_daemon_placement() -> dict:
     """Scheduling for per-GPU-node daemons (device plugin, DCGM exporter): GPU nodes only, taint tolerated."""
     return {"nodeSelector": {LABEL_GPU_NODE: "true"}, "tolerations": [gpu_toleration()]}
+
+
+def efa_plugin_values() -> dict:
+    """The EFA device plugin runs on nodes that have EFA interfaces, GPU-tainted or not."""
+    return {"nodeSelector": {"vpc.amazonaws.com/efa.present": "true"}, "tolerations": [gpu_toleration()]}
 
 
 def kuberay_values() -> dict:
@@ -79,7 +85,7 @@ class Addons(pulumi.ComponentResource):
         super().__init__("gpuyard:addons:Addons", name, None, opts)
         self._name = name
         self._args = args
-        self._create_device_plugin()
+        self._create_device_plugins()
         self.volcano = self._create_volcano()
         self._create_training_operator()
         self._create_mpi_operator()
@@ -96,8 +102,10 @@ class Addons(pulumi.ComponentResource):
             f"{self._name}-{suffix}", **release_args(chart, namespace), values=values, opts=self._opts(*depends_on)
         )
 
-    def _create_device_plugin(self) -> None:
+    def _create_device_plugins(self) -> None:
+        """GPUs (``nvidia.com/gpu``) and EFA interfaces (``vpc.amazonaws.com/efa``) as schedulable resources."""
         self._release("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN, "nvidia-device-plugin", gpu_daemon_placement())
+        self._release("efa-device-plugin", EFA_DEVICE_PLUGIN, "kube-system", efa_plugin_values())
 
     def _create_volcano(self) -> kubernetes.helm.v3.Release:
         return self._release("volcano", VOLCANO, "volcano-system", {})

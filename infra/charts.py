@@ -16,6 +16,7 @@ class Chart:
 
 KARPENTER = Chart("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.17.4", "https://nvidia.github.io/k8s-device-plugin")
+EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.8", "https://aws.github.io/eks-charts")
 VOLCANO = Chart("volcano", "1.15.1", "https://volcano-sh.github.io/helm-charts")
 KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/")
 KUBEFLOW_TRAINER = Chart("oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.3.0")

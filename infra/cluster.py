@@ -40,8 +40,12 @@ def node_labels(group: NodeGroupConfig, gpu: bool) -> dict[str, str]:
     return labels
 
 
-def launch_template_spec(disk_gib: int, efa: bool) -> dict:
-    """Launch template inputs for managed nodes: IMDSv2 only (hop limit 2 for pods), encrypted gp3 root, optional EFA."""
+def launch_template_spec(disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None) -> dict:
+    """Launch template inputs for managed nodes: IMDSv2 only (hop limit 2 for pods), encrypted gp3 root.
+
+    With ``efa_security_group_id`` the primary interface is an EFA interface in that (cluster) security group,
+    which lets EFA traffic flow between the nodes.
+    """
     spec: dict = {
         "metadata_options": {
             "http_endpoint": "enabled",
@@ -55,9 +59,15 @@ def launch_template_spec(disk_gib: int, efa: bool) -> dict:
             }
         ],
     }
-    if efa:
+    if efa_security_group_id is not None:
         spec["network_interfaces"] = [
-            {"device_index": 0, "network_card_index": 0, "interface_type": "efa", "delete_on_termination": "true"}
+            {
+                "device_index": 0,
+                "network_card_index": 0,
+                "interface_type": "efa",
+                "delete_on_termination": "true",
+                "security_groups": [efa_security_group_id],
+            }
         ]
     return spec
 
@@ -243,7 +253,7 @@ class Cluster(pulumi.ComponentResource):
     def _create_system_node_group(self, cluster: aws.eks.Cluster, role: aws.iam.Role) -> aws.eks.NodeGroup:
         group = self._args.config.system_node_group
         template = aws.ec2.LaunchTemplate(
-            f"{self._name}-{group.name}", **launch_template_spec(group.disk_gib, efa=False), opts=self._opts
+            f"{self._name}-{group.name}", **launch_template_spec(group.disk_gib), opts=self._opts
         )
         return self._node_group(
             cluster, role, group, ami_type=AMI_SYSTEM, template=template, subnet_ids=self._args.private_subnet_ids
@@ -252,7 +262,8 @@ class Cluster(pulumi.ComponentResource):
     def _create_gpu_node_group(
         self, cluster: aws.eks.Cluster, role: aws.iam.Role, group: GpuNodeGroupConfig
     ) -> aws.eks.NodeGroup:
-        spec = launch_template_spec(group.disk_gib, efa=group.efa)
+        security_group = cluster.vpc_config.cluster_security_group_id if group.efa else None
+        spec = launch_template_spec(group.disk_gib, security_group)
         subnet_ids = self._args.private_subnet_ids
         if group.efa:
             placement = aws.ec2.PlacementGroup(f"{self._name}-{group.name}", strategy="cluster", opts=self._opts)

@@ -84,6 +84,7 @@ def team_network_policy_spec() -> dict:
 @dataclass(frozen=True)
 class TeamArgs:
     team: Team
+    cluster_name: pulumi.Input[str]
     bucket_arn: pulumi.Input[str]
     oidc_provider_arn: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
@@ -110,6 +111,7 @@ class TeamTenancy(pulumi.ComponentResource):
         self._create_limit_range(namespace)
         queue = self._create_queue()
         self._create_rbac(namespace)
+        self._create_member_access()
         role = self._create_irsa_role()
         account = self._create_service_account(namespace, role)
         self._create_network_policy(namespace)
@@ -168,9 +170,24 @@ class TeamTenancy(pulumi.ComponentResource):
             opts=self._k8s(role),
         )
 
+    def _aws(self) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, provider=self._args.aws_provider)
+
+    def _create_member_access(self) -> None:
+        """EKS access entries putting the team's IAM roles in its Kubernetes group (bound to ``team-member``)."""
+        for index, principal in enumerate(self._team.member_role_arns):
+            aws.eks.AccessEntry(
+                f"{self._name}-member-{index}",
+                cluster_name=self._args.cluster_name,
+                principal_arn=principal,
+                kubernetes_groups=[team_group(self._team)],
+                type="STANDARD",
+                opts=self._aws(),
+            )
+
     def _create_irsa_role(self) -> aws.iam.Role:
         team = self._team
-        aws_opts = pulumi.ResourceOptions(parent=self, provider=self._args.aws_provider)
+        aws_opts = self._aws()
         role = aws.iam.Role(
             f"{self._name}-irsa",
             assume_role_policy=pulumi.Output.all(self._args.oidc_provider_arn, self._args.oidc_issuer).apply(

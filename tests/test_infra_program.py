@@ -9,6 +9,7 @@ import pytest
 from infra.charts import KARPENTER, KUBEFLOW_TRAINER, KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
 from infra.config import load_stack
 from infra.conventions import GPU_RESOURCE, IMAGE_NAMES, METRICS_PORT_NAME, PRIORITY_CLASSES
+from infra.plan import plan_values, stack_values
 from infra_plans import named, of_type, planned
 
 EKS = "aws:eks/cluster:Cluster"
@@ -146,7 +147,7 @@ def test_addon_charts_are_pinned_with_their_values(stack):
     name, resources = stack
     releases = {r.inputs["chart"]: r.inputs for r in of_type(resources, RELEASE)}
     for chart in releases.values():
-        assert chart["version"][0].isdigit(), chart
+        assert chart["version"].removeprefix("v")[0].isdigit(), chart
     assert releases[VOLCANO.name]["version"] == VOLCANO.version
     assert releases[VOLCANO.name]["repositoryOpts"]["repo"] == VOLCANO.repo
     assert releases[KUBERAY_OPERATOR.name]["values"]["batchScheduler"]["name"] == "volcano"
@@ -155,6 +156,7 @@ def test_addon_charts_are_pinned_with_their_values(stack):
     prometheus = releases["kube-prometheus-stack"]["values"]
     assert prometheus["prometheus"]["prometheusSpec"]["podMonitorSelectorNilUsesHelmValues"] is False
     assert "dcgm-exporter" in releases
+    assert releases["aws-efa-k8s-device-plugin"]["values"]["nodeSelector"] == {"vpc.amazonaws.com/efa.present": "true"}
     (mpi,) = of_type(resources, "kubernetes:yaml/v2:ConfigFile")
     assert mpi.inputs["file"] == MPI_OPERATOR_MANIFEST
     (training,) = of_type(resources, "kubernetes:kustomize/v2:Directory")
@@ -243,3 +245,15 @@ def test_priority_classes(stack):
     _, resources = stack
     classes = {p.inputs["metadata"]["name"]: p.inputs["value"] for p in of_type(resources, "kubernetes:scheduling.k8s.io/v1:PriorityClass")}
     assert classes == PRIORITY_CLASSES
+
+
+def test_team_members_get_access_entries_in_their_group():
+    arn = "arn:aws:iam::111122223333:role/vision-ml"
+    values = {**stack_values("dev"), "gpuyard:teams": [{"name": "vision", "member_role_arns": [arn]}, {"name": "nlp"}]}
+    resources = plan_values("dev", values).resources
+    entries = [e for e in of_type(resources, "aws:eks/accessEntry:AccessEntry") if e.parent.startswith("team-")]
+    assert [(e.parent, e.inputs["principalArn"], e.inputs["kubernetesGroups"]) for e in entries] == [
+        ("team-vision", arn, ["gpuyard:vision"])
+    ]
+    binding = named(resources, "team-vision-role", "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.inputs["subjects"][0]["name"] == "gpuyard:vision"

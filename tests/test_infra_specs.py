@@ -77,12 +77,16 @@ def test_bucket_policy_denies_plain_http():
     assert statement["Condition"]["Bool"]["aws:SecureTransport"] == "false"
 
 
-@pytest.mark.parametrize("efa", [False, True])
-def test_launch_template_requires_imdsv2_and_encrypts_root(efa):
-    spec = launch_template_spec(200, efa)
+@pytest.mark.parametrize("security_group", [None, "sg-1"])
+def test_launch_template_requires_imdsv2_and_encrypts_root(security_group):
+    spec = launch_template_spec(200, security_group)
     assert spec["metadata_options"]["http_tokens"] == "required"
     assert spec["block_device_mappings"][0]["ebs"]["encrypted"] == "true"
-    assert ("network_interfaces" in spec) is efa
+    if security_group:
+        (interface,) = spec["network_interfaces"]
+        assert (interface["interface_type"], interface["security_groups"]) == ("efa", ["sg-1"])
+    else:
+        assert "network_interfaces" not in spec
 
 
 def test_gpu_node_taint_matches_the_conventions():
