@@ -1,7 +1,7 @@
 """Offline plan: run the real program (``infra/__main__.py``) under Pulumi's mocks and record what it creates.
 
 No cloud, no Pulumi CLI: :class:`PlanMocks` answers every resource registration with its inputs plus
-plausible outputs (ARNs, ids, endpoints) and every provider call (caller identity, AZs) with fixed values.
+plausible outputs (ARNs, ids, endpoints) and the provider calls the program makes (the region's AZs).
 """
 
 from __future__ import annotations
@@ -88,13 +88,8 @@ class PlanMocks(pulumi.runtime.Mocks):
         return {}
 
     def call(self, args: pulumi.runtime.MockCallArgs):
-        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT_ID, "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/plan", "userId": "plan"}
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            zones = [f"{self.region}{letter}" for letter in "abcd"]
-            return {"names": zones, "zoneIds": [f"usw2-az{i}" for i in range(1, 5)], "id": self.region}
-        if args.token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
+            return {"names": [f"{self.region}{letter}" for letter in "abcd"], "id": self.region}
         raise ValueError(f"plan mocks do not answer {args.token}")
 
 
