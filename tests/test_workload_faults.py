@@ -53,7 +53,7 @@ def _moto_through(proxy: FaultyProxy, local_aws) -> dict[str, str]:
 
 
 def test_sigkill_a_worker_after_the_first_checkpoint_restarts_to_bitwise_identical_weights(tmp_path):
-    args = TrainArgs(total_epochs=12, save_every=2, batch_size=32, dataset_size=8192, seed=5,
+    args = TrainArgs(total_epochs=10, save_every=2, batch_size=32, dataset_size=4096, seed=5,
                      checkpoint_uri=str(tmp_path / "ckpt"))
     out = tmp_path / "out"
     job = _start(torchrun_cmd(args, max_restarts=3), out)
