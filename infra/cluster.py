@@ -25,7 +25,7 @@ NODE_POLICIES = (
     "AmazonSSMManagedInstanceCore",
 )
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
-EKS_ADDONS = ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")
+EKS_ADDONS = ("vpc-cni", "coredns", "kube-proxy")
 
 
 def gpu_node_taints() -> list[dict[str, str]]:
@@ -127,7 +127,8 @@ class Cluster(pulumi.ComponentResource):
         self._create_eks_addons(cluster)
         node_role = self._create_node_role()
         self.system_node_group = self._create_system_node_group(cluster, node_role)
-        self.gpu_node_groups = [self._create_gpu_node_group(cluster, node_role, group) for group in args.config.gpu_node_groups]
+        for group in args.config.gpu_node_groups:
+            self._create_gpu_node_group(cluster, node_role, group)
         self.name = cluster.name
         self.arn = cluster.arn
         self.endpoint = cluster.endpoint
