@@ -214,6 +214,8 @@ def test_every_pod_is_protected_labelled_non_root_with_shm(kind):
         assert pod["metadata"]["annotations"][ANNOTATION_DO_NOT_DISRUPT] == "true"
         assert pod["metadata"]["labels"][LABEL_TEAM] == "vision"
         assert pod["spec"]["serviceAccountName"] == "vision-trainer"
+        if kind != "trainjob":  # the runtime's pod template owns it; runtimePatches cannot set it
+            assert pod["spec"]["priorityClassName"] == "gpuyard-normal"
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
         shm = pod["spec"]["volumes"][0]
         assert shm["emptyDir"]["medium"] == "Memory"

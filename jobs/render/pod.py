@@ -3,8 +3,8 @@
 A *trainer* pod runs on the spec's NodePool with its GPUs (requests = limits), the GPU
 taint's toleration, /dev/shm in memory, NCCL (and EFA) settings and the metrics port.
 A *helper* pod (MPI launcher, Ray head) is a small CPU pod on the on-demand cpu pool.
-Both are non-root, use the team's service account, carry the gpuyard labels and ask
-Karpenter not to disrupt them while the gang runs.
+Both are non-root, use the team's service account and priority class, carry the gpuyard
+labels and ask Karpenter not to disrupt them while the gang runs.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def _pod_template(
     restart_policy: str | None,
     extra_labels: dict[str, str] | None,
 ) -> dict:
-    pod: dict = {"serviceAccountName": team.service_account}
+    pod: dict = {"serviceAccountName": team.service_account, "priorityClassName": team.priority_class}
     if scheduler_name:
         pod["schedulerName"] = scheduler_name
     if restart_policy:
