@@ -92,7 +92,7 @@ def env_list(env: dict[str, str]) -> list[dict[str, str]]:
 
 
 def _quantity_cpu(cpu: float) -> str:
-    return str(int(cpu)) if float(cpu).is_integer() else f"{round(cpu * 1000)}m"
+    return str(int(cpu)) if float(cpu).is_integer() else f"{max(1, round(cpu * 1000))}m"
 
 
 def trainer_resources(spec: JobSpec) -> dict:
