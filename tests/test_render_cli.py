@@ -80,3 +80,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message
     assert result.stderr.startswith("gpuyard: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_output_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "manifests"
+    target.write_text("not a folder")
+    result = gpuyard("--all", "-o", str(target))
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+    assert target.read_text() == "not a folder" and sorted(tmp_path.iterdir()) == [target]

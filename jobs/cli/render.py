@@ -66,5 +66,11 @@ def render_command(
     if output is None:
         typer.echo("---\n".join(to_yaml(manifest) for manifest in rendered.values()), nl=False)
         return
-    for path in write_manifests(rendered, output):
+    if output.exists() and not output.is_dir():
+        fail(f"--output {output} is not a folder")
+    try:
+        written = write_manifests(rendered, output)
+    except OSError as error:
+        fail(f"cannot write {output}: {error.strerror or error}")
+    for path in written:
         typer.echo(str(path))
