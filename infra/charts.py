@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ DCGM_EXPORTER = Chart("dcgm-exporter", "4.6.0", "https://nvidia.github.io/dcgm-e
 
 # Neither operator publishes a Helm chart: Training Operator v1.9.4 is installed from its kustomize overlay,
 # pinned and patched in infra/manifests/training-operator; MPI Operator from its release manifest.
-TRAINING_OPERATOR_KUSTOMIZATION = "infra/manifests/training-operator"
+TRAINING_OPERATOR_KUSTOMIZATION = str(Path(__file__).resolve().parent / "manifests" / "training-operator")
 MPI_OPERATOR_MANIFEST = "https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.0/deploy/v2beta1/mpi-operator.yaml"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -160,7 +161,8 @@ def test_addon_charts_are_pinned_with_their_values(stack):
     (mpi,) = of_type(resources, "kubernetes:yaml/v2:ConfigFile")
     assert mpi.inputs["file"] == MPI_OPERATOR_MANIFEST
     (training,) = of_type(resources, "kubernetes:kustomize/v2:Directory")
-    assert training.inputs["directory"] == "infra/manifests/training-operator"
+    assert training.inputs["directory"].endswith("/infra/manifests/training-operator")
+    assert (Path(training.inputs["directory"]) / "kustomization.yaml").is_file()
 
 
 def test_trainer_v2_follows_the_flag():

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from infra.addons import kuberay_values, torch_runtime_spec
+from infra.charts import TRAINING_OPERATOR_KUSTOMIZATION
 from infra.cluster import gpu_node_taints, kubeconfig, launch_template_spec
 from infra.config import KarpenterConfig, Team, load_stack
 from infra.dashboard import training_dashboard
@@ -28,7 +29,7 @@ from infra_plans import kubernetes_manifests, planned
 
 GOLDEN = Path(__file__).parent / "golden" / "infra"
 UPDATE = os.environ.get("GPUYARD_UPDATE_GOLDEN") == "1"
-MANIFESTS = Path(__file__).resolve().parents[1] / "infra" / "manifests" / "training-operator" / "kustomization.yaml"
+KUSTOMIZATION = Path(TRAINING_OPERATOR_KUSTOMIZATION) / "kustomization.yaml"
 
 
 @pytest.mark.parametrize(("cidr", "azs"), [("10.0.0.0/16", 2), ("10.20.0.0/16", 3), ("10.0.0.0/20", 6), ("172.16.0.0/12", 4)])
@@ -151,7 +152,7 @@ def test_dashboard_has_one_panel_per_training_signal():
 
 
 def test_training_operator_overlay_gang_schedules_with_volcano_and_leaves_mpijob_to_mpi_operator():
-    kustomization = yaml.safe_load(MANIFESTS.read_text())
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text())
     assert kustomization["resources"] == [
         "https://github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
     ]
