@@ -20,7 +20,7 @@ from jobs.images import image_ref
 def config_values() -> dict:
     """All config values of this stack; structured ones (objects, lists) arrive JSON-encoded."""
     raw = {**get_config_env(), **CONFIG.get()}
-    return {key: json.loads(value) if value[:1] in "[{" else value for key, value in raw.items()}
+    return {key: json.loads(value) if value.startswith(("[", "{")) else value for key, value in raw.items()}
 
 
 def build(config: StackConfig) -> dict[str, pulumi.Input]:
