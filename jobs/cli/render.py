@@ -9,7 +9,7 @@ import typer
 from infra.config import ConfigError, load_stack
 from jobs.cli.errors import fail
 from jobs.cli.main import app
-from jobs.render import default_specs, manifest_path, render, to_yaml, write_manifests
+from jobs.render import default_specs, render_specs, to_yaml, write_manifests
 from jobs.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GPUS_PER_NODE,
@@ -60,7 +60,7 @@ def render_command(
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool, image=image,
                 max_restarts=max_restarts, ttl_seconds_after_finished=ttl, env=parse_env(env) or None,
             )]
-        rendered = {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
+        rendered = render_specs(config, specs)
     except (ConfigError, SpecError) as error:
         fail(str(error))
     if output is None:

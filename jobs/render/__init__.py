@@ -67,8 +67,11 @@ def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:
     return written
 
 
+def render_specs(config: StackConfig, specs: list[JobSpec]) -> dict[Path, dict]:
+    """``{manifest_path(spec): manifest}`` for specs of ``config``'s teams."""
+    return {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
+
+
 def render_all(config: StackConfig, out_dir: Path) -> list[Path]:
     """Render every kind for every team of ``config`` into ``out_dir``; returns the files written."""
-    specs = default_specs(config)
-    rendered = {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
-    return write_manifests(rendered, out_dir)
+    return write_manifests(render_specs(config, default_specs(config)), out_dir)
