@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import NetworkConfig
+from infra.config import ConfigError, NetworkConfig
 
 
 def subnet_cidrs(cidr: str, az_count: int) -> tuple[list[str], list[str]]:
@@ -75,7 +75,7 @@ class Network(pulumi.ComponentResource):
             state="available", opts=pulumi.InvokeOptions(parent=self, provider=self._args.aws_provider)
         ).names
         if len(zones) < self._args.config.az_count:
-            raise ValueError(f"network.az_count is {self._args.config.az_count} but the region has {len(zones)} AZs")
+            raise ConfigError(f"network.az_count is {self._args.config.az_count} but the region has {len(zones)} AZs")
         return list(zones[: self._args.config.az_count])
 
     def _create_vpc(self) -> aws.ec2.Vpc:

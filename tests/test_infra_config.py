@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from infra.config import ConfigError, load_stack, parse_stack
+from infra.plan import plan_values, stack_values
 
 BASE = {"gpuyard:cluster_name": "gpuyard-test"}
 
@@ -64,3 +65,10 @@ def test_plan_cli_rejects_bad_stack_with_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "min_size 4 > max_size 1" in result.stderr and result.stdout == ""
+
+
+def test_more_azs_than_the_region_has_is_a_config_error():
+    values = stack_values("dev")
+    values = {**values, "gpuyard:network": {**values["gpuyard:network"], "az_count": 5}}
+    with pytest.raises(ConfigError, match="network.az_count is 5 but the region has 4 AZs"):
+        plan_values("dev", values)
