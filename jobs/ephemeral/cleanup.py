@@ -288,35 +288,34 @@ class Cleaner:
                 tags[description["ResourceArn"]] = _tags(description.get("Tags"))
         return tags
 
-    def _load_balancers(self) -> list[dict]:
+    def _load_balancers(self) -> list[tuple[dict, dict[str, str]]]:
+        """Every load balancer of the region, with its tags."""
         pages = self.elbv2.get_paginator("describe_load_balancers").paginate()
-        return [lb for page in pages for lb in page["LoadBalancers"]]
+        balancers = [lb for page in pages for lb in page["LoadBalancers"]]
+        tags = self._elbv2_tags([lb["LoadBalancerArn"] for lb in balancers])
+        return [(lb, tags.get(lb["LoadBalancerArn"], {})) for lb in balancers]
 
     def _find_load_balancers(self) -> list[Orphan]:
-        balancers = self._load_balancers()
-        tags = self._elbv2_tags([lb["LoadBalancerArn"] for lb in balancers])
         return [Orphan("load-balancer", lb["LoadBalancerArn"], lb["LoadBalancerName"], lb.get("Type", ""))
-                for lb in balancers if load_balancer_controller_resource(tags.get(lb["LoadBalancerArn"], {}), self.cluster)]
+                for lb, tags in self._load_balancers() if load_balancer_controller_resource(tags, self.cluster)]
 
     def _describe_load_balancers(self, arns: list[str]) -> Described:
-        found = [lb for lb in self._load_balancers() if lb["LoadBalancerArn"] in arns]
-        tags = self._elbv2_tags([lb["LoadBalancerArn"] for lb in found])
-        return {lb["LoadBalancerArn"]: (tags.get(lb["LoadBalancerArn"], {}), lb.get("State", {}).get("Code", "")) for lb in found}
+        return {lb["LoadBalancerArn"]: (tags, lb.get("State", {}).get("Code", ""))
+                for lb, tags in self._load_balancers() if lb["LoadBalancerArn"] in arns}
 
-    def _target_groups(self) -> list[dict]:
+    def _target_groups(self) -> list[tuple[dict, dict[str, str]]]:
+        """Every target group of the region, with its tags."""
         pages = self.elbv2.get_paginator("describe_target_groups").paginate()
-        return [tg for page in pages for tg in page["TargetGroups"]]
+        groups = [tg for page in pages for tg in page["TargetGroups"]]
+        tags = self._elbv2_tags([tg["TargetGroupArn"] for tg in groups])
+        return [(tg, tags.get(tg["TargetGroupArn"], {})) for tg in groups]
 
     def _find_target_groups(self) -> list[Orphan]:
-        groups = self._target_groups()
-        tags = self._elbv2_tags([tg["TargetGroupArn"] for tg in groups])
         return [Orphan("target-group", tg["TargetGroupArn"], tg["TargetGroupName"], tg.get("TargetType", ""))
-                for tg in groups if load_balancer_controller_resource(tags.get(tg["TargetGroupArn"], {}), self.cluster)]
+                for tg, tags in self._target_groups() if load_balancer_controller_resource(tags, self.cluster)]
 
     def _describe_target_groups(self, arns: list[str]) -> Described:
-        found = [tg for tg in self._target_groups() if tg["TargetGroupArn"] in arns]
-        tags = self._elbv2_tags([tg["TargetGroupArn"] for tg in found])
-        return {tg["TargetGroupArn"]: (tags.get(tg["TargetGroupArn"], {}), "") for tg in found}
+        return {tg["TargetGroupArn"]: (tags, "") for tg, tags in self._target_groups() if tg["TargetGroupArn"] in arns}
 
     # -- ENIs, security groups, volumes -----------------------------------------------
 
@@ -325,7 +324,8 @@ class Cleaner:
         return [eni for page in pages for eni in page["NetworkInterfaces"]]
 
     def _find_network_interfaces(self) -> list[Orphan]:
-        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]}, {"Name": "status", "Values": ["available"]}]
+        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]},
+                   {"Name": "status", "Values": ["available"]}]
         return [Orphan("network-interface", eni["NetworkInterfaceId"], eni.get("Description", ""), eni["Status"])
                 for eni in self._network_interfaces(filters)
                 if cluster_resource(_tags(eni.get("TagSet")), self.cluster) and eni["Status"] == "available"]

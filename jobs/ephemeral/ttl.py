@@ -36,8 +36,8 @@ def _compact(delta: timedelta) -> str:
     minutes = int(delta.total_seconds()) // 60
     days, minutes = divmod(minutes, 24 * 60)
     hours, minutes = divmod(minutes, 60)
-    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m" if minutes or not (days or hours) else ""]
-    return "".join(parts)
+    minutes_part = f"{minutes}m" if minutes or not (days or hours) else ""
+    return (f"{days}d" if days else "") + (f"{hours}h" if hours else "") + minutes_part
 
 
 def describe_remaining(expires_at: datetime, now: datetime) -> str:
