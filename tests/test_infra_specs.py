@@ -22,7 +22,12 @@ from infra.dashboard import training_dashboard
 from infra.karpenter import ec2_node_class_spec, node_pool_spec, node_pools
 from infra.monitoring import training_pod_monitor_spec
 from infra.network import subnet_cidrs, subnet_tags
-from infra.policies import bucket_tls_only_policy, irsa_assume_role_policy, team_checkpoint_policy
+from infra.policies import (
+    bucket_tls_only_policy,
+    irsa_assume_role_policy,
+    karpenter_controller_policy,
+    team_checkpoint_policy,
+)
 from infra.storage import checkpoint_lifecycle_rules
 from infra.tenancy import team_network_policy_spec, team_queue_spec, team_quota
 from infra_plans import kubernetes_manifests, planned
@@ -184,3 +189,13 @@ def test_stack_teams_reach_the_plan():
     assert {m["metadata"]["name"] for m in kubernetes_manifests(planned("dev")) if m["kind"] == "Namespace"} == {
         t.namespace for t in load_stack("dev").teams
     }
+
+
+def test_karpenter_controller_policy_is_scoped():
+    policy = karpenter_controller_policy("c1", "arn:cluster", "arn:queue", "arn:node-role", "eu-west-1")
+    statements = {s["Sid"]: s for s in policy["Statement"]}
+    assert statements["Terminate"]["Condition"] == {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/c1": "owned"}}
+    assert statements["PassNodeRole"]["Resource"] == "arn:node-role"
+    assert statements["Interruption"]["Resource"] == "arn:queue"
+    assert statements["Cluster"]["Resource"] == "arn:cluster"
+    assert statements["AmiParameters"]["Resource"] == "arn:aws:ssm:eu-west-1::parameter/aws/service/*"
