@@ -18,12 +18,11 @@ from infra.charts import (
     Chart,
     release_args,
 )
-from infra.cluster import LABEL_GPU_NODE, LABEL_NODE_GROUP
+from infra.cluster import LABEL_GPU_NODE, SYSTEM_NODES
 from infra.config import AddonsConfig
 from infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_PART_OF, METRICS_PORT, METRICS_PORT_NAME, PART_OF
 
 TORCH_RUNTIME = "torch-distributed"
-SYSTEM_NODES = {LABEL_NODE_GROUP: "system"}
 
 
 def gpu_toleration() -> dict[str, str]:

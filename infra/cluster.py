@@ -17,6 +17,8 @@ AMI_SYSTEM = "AL2023_x86_64_STANDARD"
 AMI_GPU = "AL2023_x86_64_NVIDIA"
 LABEL_NODE_GROUP = "gpuyard.io/node-group"
 LABEL_GPU_NODE = "gpuyard.io/gpu-node"
+LABEL_SYSTEM_NODE = "gpuyard.io/system-node"
+SYSTEM_NODES = {LABEL_SYSTEM_NODE: "true"}  # node selector for controllers (Karpenter, operators, Prometheus)
 MANAGED = "arn:aws:iam::aws:policy"
 NODE_POLICIES = (
     "AmazonEKSWorkerNodePolicy",
@@ -34,10 +36,7 @@ def gpu_node_taints() -> list[dict[str, str]]:
 
 
 def node_labels(group: NodeGroupConfig, gpu: bool) -> dict[str, str]:
-    labels = {**group.labels, LABEL_NODE_GROUP: group.name}
-    if gpu:
-        labels[LABEL_GPU_NODE] = "true"
-    return labels
+    return {**group.labels, LABEL_NODE_GROUP: group.name, LABEL_GPU_NODE if gpu else LABEL_SYSTEM_NODE: "true"}
 
 
 def launch_template_spec(disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None) -> dict:

@@ -10,7 +10,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
 from infra.charts import KARPENTER, release_args
-from infra.cluster import LABEL_GPU_NODE, LABEL_NODE_GROUP, MANAGED, NODE_POLICIES
+from infra.cluster import LABEL_GPU_NODE, MANAGED, NODE_POLICIES, SYSTEM_NODES
 from infra.config import KarpenterConfig
 from infra.conventions import (
     GPU_RESOURCE,
@@ -123,7 +123,7 @@ def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn
     return {
         "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name},
         "serviceAccount": {"name": SERVICE_ACCOUNT, "annotations": {"eks.amazonaws.com/role-arn": role_arn}},
-        "nodeSelector": {LABEL_NODE_GROUP: "system"},
+        "nodeSelector": SYSTEM_NODES,
         "replicas": 2,
     }
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as kubernetes
 
-from infra.addons import SYSTEM_NODES, gpu_daemon_placement
+from infra.addons import gpu_daemon_placement
+from infra.cluster import SYSTEM_NODES
 from infra.charts import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, Chart, release_args
 from infra.conventions import LABEL_PART_OF, METRICS_PORT_NAME, PART_OF
 from infra.dashboard import training_dashboard

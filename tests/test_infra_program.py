@@ -79,6 +79,8 @@ def test_gpu_node_groups_are_tainted_nvidia_al2023(stack):
     groups = {g.inputs["nodeGroupName"]: g.inputs for g in of_type(resources, NODE_GROUP)}
     assert groups["system"]["amiType"] == "AL2023_x86_64_STANDARD"
     assert "taints" not in groups["system"]
+    assert groups["system"]["labels"]["gpuyard.io/system-node"] == "true"
+    assert named(resources, "karpenter-chart").inputs["values"]["nodeSelector"] == {"gpuyard.io/system-node": "true"}
     for group in config.cluster.gpu_node_groups:
         inputs = groups[group.name]
         assert inputs["amiType"] == "AL2023_x86_64_NVIDIA"
