@@ -172,7 +172,12 @@ class Cluster(pulumi.ComponentResource):
             deletion_window_in_days=7,
             opts=self._opts,
         )
-        aws.kms.Alias(f"{self._name}-secrets", name=f"alias/{self._args.cluster_name}-secrets", target_key_id=key.key_id, opts=self._opts)
+        aws.kms.Alias(
+            f"{self._name}-secrets",
+            name=f"alias/{self._args.cluster_name}-secrets",
+            target_key_id=key.key_id,
+            opts=self._opts,
+        )
         return key
 
     def _create_control_plane(self, key: aws.kms.Key) -> aws.eks.Cluster:
@@ -206,7 +211,11 @@ class Cluster(pulumi.ComponentResource):
     def _create_admin_access(self, cluster: aws.eks.Cluster) -> None:
         for index, principal in enumerate(self._args.config.admin_role_arns):
             entry = aws.eks.AccessEntry(
-                f"{self._name}-admin-{index}", cluster_name=cluster.name, principal_arn=principal, type="STANDARD", opts=self._opts
+                f"{self._name}-admin-{index}",
+                cluster_name=cluster.name,
+                principal_arn=principal,
+                type="STANDARD",
+                opts=self._opts,
             )
             aws.eks.AccessPolicyAssociation(
                 f"{self._name}-admin-{index}",
@@ -247,7 +256,9 @@ class Cluster(pulumi.ComponentResource):
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             labels=node_labels(group, gpu=bool(taints)),
             taints=taints,
-            opts=pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(ignore_changes=["scalingConfig.desiredSize"])),
+            opts=pulumi.ResourceOptions.merge(
+                self._opts, pulumi.ResourceOptions(ignore_changes=["scalingConfig.desiredSize"])
+            ),
         )
 
     def _create_system_node_group(self, cluster: aws.eks.Cluster, role: aws.iam.Role) -> aws.eks.NodeGroup:

@@ -59,7 +59,9 @@ def cpu_disruption() -> dict:
     return {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "1m", "budgets": [{"nodes": "10%"}]}
 
 
-def node_pool_spec(name: str, *, capacity_types: list[str], families: tuple[str, ...], gpu: bool, limit: int, weight: int) -> dict:
+def node_pool_spec(
+    name: str, *, capacity_types: list[str], families: tuple[str, ...], gpu: bool, limit: int, weight: int
+) -> dict:
     """The ``spec`` of one Karpenter NodePool: what it may launch, its taint, limits and disruption rules."""
     template_spec: dict = {
         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODE_CLASS},
@@ -164,7 +166,11 @@ class Karpenter(pulumi.ComponentResource):
         self.node_role_name = node_role.name
         self.queue_name = queue.name
         self.register_outputs(
-            {"controller_role_arn": self.controller_role_arn, "node_role_name": self.node_role_name, "queue_name": self.queue_name}
+            {
+                "controller_role_arn": self.controller_role_arn,
+                "node_role_name": self.node_role_name,
+                "queue_name": self.queue_name,
+            }
         )
 
     def _k8s(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
@@ -177,9 +183,15 @@ class Karpenter(pulumi.ComponentResource):
             opts=self._aws,
         )
         for policy in NODE_POLICIES:
-            aws.iam.RolePolicyAttachment(f"{self._name}-node-{policy}", role=role.name, policy_arn=f"{MANAGED}/{policy}", opts=self._aws)
+            aws.iam.RolePolicyAttachment(
+                f"{self._name}-node-{policy}", role=role.name, policy_arn=f"{MANAGED}/{policy}", opts=self._aws
+            )
         aws.eks.AccessEntry(
-            f"{self._name}-node", cluster_name=self._args.cluster_name, principal_arn=role.arn, type="EC2_LINUX", opts=self._aws
+            f"{self._name}-node",
+            cluster_name=self._args.cluster_name,
+            principal_arn=role.arn,
+            type="EC2_LINUX",
+            opts=self._aws,
         )
         return role
 
@@ -229,7 +241,9 @@ class Karpenter(pulumi.ComponentResource):
             f"{self._name}-chart", **release_args(KARPENTER, NAMESPACE), values=values, opts=self._k8s()
         )
 
-    def _create_node_class(self, node_role: aws.iam.Role, release: kubernetes.helm.v3.Release) -> kubernetes.apiextensions.CustomResource:
+    def _create_node_class(
+        self, node_role: aws.iam.Role, release: kubernetes.helm.v3.Release
+    ) -> kubernetes.apiextensions.CustomResource:
         spec = pulumi.Output.all(node_role.name, self._args.security_group_id).apply(
             lambda v: ec2_node_class_spec(self._args.cluster_name, v[0], v[1])
         )

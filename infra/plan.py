@@ -189,7 +189,8 @@ def format_tree(stack: str, resources: list[PlannedResource]) -> str:
         for type_, count in sorted(Counter(k.type for k in kids if not _is_component(k)).items()):
             lines.append(f"{'  ' * depth}{count:4d} x {type_}")
         for component in (k for k in kids if _is_component(k)):
-            lines.append(f"{'  ' * depth}{component.name} ({component.type}, {_descendants(component.name, children)} resources)")
+            size = _descendants(component.name, children)
+            lines.append(f"{'  ' * depth}{component.name} ({component.type}, {size} resources)")
             walk(component.name, depth + 1)
 
     walk(ROOT, 1)

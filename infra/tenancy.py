@@ -56,7 +56,11 @@ def team_role_rules() -> list[dict]:
     verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     return [
         {"apiGroups": list(JOB_GROUPS), "resources": ["*"], "verbs": verbs},
-        {"apiGroups": [""], "resources": ["pods", "pods/log", "services", "configmaps", "events"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["pods", "pods/log", "services", "configmaps", "events"],
+            "verbs": ["get", "list", "watch"],
+        },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
     ]
 
@@ -120,7 +124,12 @@ class TeamTenancy(pulumi.ComponentResource):
         self.queue = queue.metadata["name"]
         self.role_arn = role.arn
         self.register_outputs(
-            {"namespace": self.namespace, "service_account": self.service_account, "queue": self.queue, "role_arn": self.role_arn}
+            {
+                "namespace": self.namespace,
+                "service_account": self.service_account,
+                "queue": self.queue,
+                "role_arn": self.role_arn,
+            }
         )
 
     def _k8s(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
@@ -205,7 +214,9 @@ class TeamTenancy(pulumi.ComponentResource):
         )
         return role
 
-    def _create_service_account(self, namespace: kubernetes.core.v1.Namespace, role: aws.iam.Role) -> kubernetes.core.v1.ServiceAccount:
+    def _create_service_account(
+        self, namespace: kubernetes.core.v1.Namespace, role: aws.iam.Role
+    ) -> kubernetes.core.v1.ServiceAccount:
         return kubernetes.core.v1.ServiceAccount(
             f"{self._name}-sa",
             metadata={**self._metadata(self._team.service_account), "annotations": {"eks.amazonaws.com/role-arn": role.arn}},
