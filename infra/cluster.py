@@ -134,11 +134,7 @@ class Cluster(pulumi.ComponentResource):
         self.oidc_provider_arn = oidc.arn
         self.oidc_issuer = cluster.identities[0].oidcs[0].issuer
         self.security_group_id = cluster.vpc_config.cluster_security_group_id
-        self.kubeconfig = pulumi.Output.secret(
-            pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority.data).apply(
-                lambda values: json.dumps(kubeconfig(values[0], values[1], values[2], args.region))
-            )
-        )
+        self.kubeconfig = self._kubeconfig(cluster)
         self.k8s_provider = self._create_kubernetes_provider()
         self.register_outputs(
             {
@@ -283,6 +279,13 @@ class Cluster(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(f"{self._name}-{group.name}", **spec, opts=self._opts)
         return self._node_group(
             cluster, role, group, ami_type=AMI_GPU, template=template, subnet_ids=subnet_ids, taints=gpu_node_taints()
+        )
+
+    def _kubeconfig(self, cluster: aws.eks.Cluster) -> pulumi.Output[str]:
+        return pulumi.Output.secret(
+            pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority.data).apply(
+                lambda values: json.dumps(kubeconfig(values[0], values[1], values[2], self._args.region))
+            )
         )
 
     def _create_kubernetes_provider(self) -> kubernetes.Provider:
