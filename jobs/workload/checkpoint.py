@@ -53,6 +53,12 @@ class Checkpointer:
 
     def __init__(self, storage: Storage, keep: int = 3, emit: Callable[[Event], None] = lambda event: None):
         self.storage, self.keep, self.emit = storage, keep, emit
+        self._names: set[str] | None = None  # rank 0 is the only writer: list once, then track
+
+    def _known_names(self) -> set[str]:
+        if self._names is None:
+            self._names = set(self.storage.names())
+        return self._names
 
     def save(self, epochs_run: int, payload: bytes) -> None:
         """Write data, then manifest, then prune; a failure is reported, never raised."""
@@ -61,7 +67,9 @@ class Checkpointer:
                     "sha256": hashlib.sha256(payload).hexdigest()}
         try:
             self.storage.put(data_name(epochs_run), payload)
+            self._known_names().add(data_name(epochs_run))
             self.storage.put(manifest_name(epochs_run), json.dumps(manifest).encode())
+            self._known_names().add(manifest_name(epochs_run))
         except StorageError as error:
             self.emit({"event": "checkpoint_failed", "epoch": epochs_run, "error": str(error)})
             return
@@ -75,6 +83,7 @@ class Checkpointer:
     def load_latest(self) -> Checkpoint | None:
         """The newest checkpoint that verifies; reports each one skipped on the way."""
         names = self.storage.names()
+        self._names = set(names)
         manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
         newest_complete = _epochs_of(manifests[0]) if manifests else 0
         for partial in sorted(n for n in names if n.endswith(DATA) and n.replace(DATA, MANIFEST) not in names):
@@ -99,16 +108,15 @@ class Checkpointer:
         return Checkpoint(manifest["epochs_run"], state)
 
     def _prune(self) -> None:
-        names = self.storage.names()
+        names = self._known_names()
         manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
         if len(manifests) <= self.keep:
             return
         oldest_kept = _epochs_of(manifests[self.keep - 1])
-        for name in manifests[self.keep:]:
+        stale_data = sorted(n for n in names if n.endswith(DATA) and _epochs_of(n) < oldest_kept)
+        for name in manifests[self.keep:] + stale_data:  # manifests first: none may name missing data
             self.storage.delete(name)
-        for name in names:
-            if name.endswith(DATA) and _epochs_of(name) < oldest_kept:
-                self.storage.delete(name)
+            names.discard(name)
 
 
 def serialize(state: dict[str, Any]) -> bytes:

@@ -6,6 +6,7 @@ object by a single PUT. S3 calls are retried with exponential backoff on network
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import time
@@ -99,6 +100,7 @@ class S3Storage:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _retry(self, what: str, call: Callable[[], T], attempts: int | None = None) -> T:
+        from boto3.exceptions import S3TransferFailedError, S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         attempts, attempt = attempts or self.attempts, 1
@@ -113,7 +115,7 @@ class S3Storage:
                 if status < 500 and code not in ("SlowDown", "Throttling", "RequestTimeout"):
                     raise StorageError(f"{self.uri}: {what}: {code or status}") from None
                 failure = code or str(status)
-            except BotoCoreError as error:
+            except (BotoCoreError, S3UploadFailedError, S3TransferFailedError) as error:
                 failure = str(error)
             if attempt >= attempts:
                 raise StorageError(f"{self.uri}: {what} failed after {attempts} attempts: {failure}")
@@ -127,11 +129,15 @@ class S3Storage:
             raise StorageError(f"{self.uri}: bucket {self.bucket!r} not found") from None
 
     def put(self, name: str, data: bytes) -> None:
-        self._retry(f"put {name}", lambda: self._s3.put_object(Bucket=self.bucket, Key=self._key(name), Body=data))
+        """One PUT, or a parallel multipart upload for large data (boto3's managed transfer)."""
+        self._retry(f"put {name}", lambda: self._s3.upload_fileobj(io.BytesIO(data), self.bucket, self._key(name)))
 
     def get(self, name: str) -> bytes:
-        return self._retry(f"get {name}",
-                           lambda: self._s3.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read())
+        def download() -> bytes:
+            buffer = io.BytesIO()
+            self._s3.download_fileobj(self.bucket, self._key(name), buffer)
+            return buffer.getvalue()
+        return self._retry(f"get {name}", download)
 
     def names(self) -> list[str]:
         def list_all() -> list[str]:

@@ -130,18 +130,23 @@ def open_checked_storage(uri: str | None) -> Storage | None:
     return storage
 
 
-def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None) -> Event:
-    """Train inside a joined process group; returns the done event on every rank, rank 0 prints it."""
+def build_trainer(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, telemetry: Telemetry) -> Trainer:
+    """Data, model and optimizer from the seed, handed to a Trainer (which resumes from ``storage``)."""
     dist.pin_cpu_threads(env)
     loader = build_loader(synthetic_dataset(args.dataset_size, args.seed), args.batch_size,
                           env.rank, env.world_size, args.seed)
     model = build_model(args.model, args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
+    checkpointer = Checkpointer(storage, emit=telemetry.emit) if storage else None
+    return Trainer(model, loader, optimizer, args.save_every, checkpointer, telemetry, env)
+
+
+def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None) -> Event:
+    """Train inside a joined process group; returns the done event on every rank, rank 0 prints it."""
     telemetry = Telemetry(Reporter(enabled=env.is_main), TrainMetrics())
     if env.is_main and args.metrics_port is not None:
         telemetry.metrics.serve(args.metrics_port)
-    checkpointer = Checkpointer(storage, emit=telemetry.emit) if storage else None
-    done = Trainer(model, loader, optimizer, args.save_every, checkpointer, telemetry, env).train(args.total_epochs)
+    done = build_trainer(args, env, storage, telemetry).train(args.total_epochs)
     telemetry.reporter.done(done)
     return done
 
