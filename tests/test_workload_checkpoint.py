@@ -123,3 +123,16 @@ def test_uri_forms(tmp_path):
     assert open_storage(str(tmp_path)).uri == str(tmp_path)
     assert open_storage(f"file://{tmp_path}").uri == str(tmp_path)
     assert open_storage("s3://bucket/a/b/").uri == "s3://bucket/a/b"
+
+
+def test_a_verified_object_that_is_no_checkpoint_and_a_manifest_without_keys_are_skipped(storage):
+    events = []
+    checkpointer = Checkpointer(storage, emit=events.append)
+    storage.check()
+    _save_epochs(checkpointer, range(1, 2))
+    checkpointer.save(2, b"not a torch file")
+    storage.put(manifest_name(3), json.dumps({"data": data_name(3)}).encode())
+    assert checkpointer.load_latest().epochs_run == 1
+    reasons = [e["reason"] for e in events if e["event"] == "checkpoint_skipped"]
+    assert reasons[0] == "unreadable manifest: KeyError('bytes')"
+    assert reasons[1].startswith(f"{data_name(2)}: not a checkpoint")

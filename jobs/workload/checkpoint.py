@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -99,13 +100,17 @@ class Checkpointer:
     def _load(self, name: str) -> Checkpoint:
         try:
             manifest = json.loads(self.storage.get(name))
-            payload = self.storage.get(manifest["data"])
+            data, size, digest, epochs_run = (manifest[key] for key in ("data", "bytes", "sha256", "epochs_run"))
         except (ValueError, KeyError, TypeError) as error:
-            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
-        if len(payload) != manifest["bytes"] or hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
-            raise CorruptCheckpoint(f"{manifest['data']}: size or sha256 differs from its manifest")
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-        return Checkpoint(manifest["epochs_run"], state)
+            raise CorruptCheckpoint(f"unreadable manifest: {error!r}") from None
+        payload = self.storage.get(data)
+        if len(payload) != size or hashlib.sha256(payload).hexdigest() != digest:
+            raise CorruptCheckpoint(f"{data}: size or sha256 differs from its manifest")
+        try:
+            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            raise CorruptCheckpoint(f"{data}: not a checkpoint: {error}") from None
+        return Checkpoint(epochs_run, state)
 
     def _prune(self) -> None:
         names = self._known_names()
