@@ -9,6 +9,7 @@ from pulumi.runtime.config import CONFIG, get_config_env
 from infra.addons import Addons, AddonsArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, parse_stack
+from infra.conventions import TAG_STACK
 from infra.karpenter import Karpenter, KarpenterArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
@@ -25,7 +26,7 @@ def config_values() -> dict:
 
 def build(config: StackConfig) -> dict[str, pulumi.Input]:
     """Create every component of the stack and return its outputs."""
-    aws_provider = aws.Provider("aws", region=config.region, default_tags={"tags": {"gpuyard.io/stack": config.stack}})
+    aws_provider = aws.Provider("aws", region=config.region, default_tags={"tags": {TAG_STACK: config.stack}})
     network = Network("network", NetworkArgs(config.cluster_name, config.network, aws_provider))
     cluster = Cluster(
         "cluster", ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider)

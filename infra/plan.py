@@ -36,6 +36,7 @@ class PlannedResource:
     parent: str
     inputs: dict[str, Any]
     urn: str = ""
+    provider: str = ""  # the explicit provider reference (``<urn>::<id>``), empty for components
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -113,7 +114,9 @@ class RecordingMonitor(MockMonitor):
             inputs = rpc.deserialize_properties(request.object)
             dependencies = {key: list(deps.urns) for key, deps in request.propertyDependencies.items()}
             self.planned.append(
-                PlannedResource(request.type, request.name, parent, _plain(inputs), response.urn, dependencies)
+                PlannedResource(
+                    request.type, request.name, parent, _plain(inputs), response.urn, request.provider, dependencies
+                )
             )
         return response
 

@@ -35,13 +35,22 @@ def test_every_component_is_created_once(stack):
     )
 
 
+def test_every_aws_resource_is_tagged_with_the_stack(stack):
+    name, resources = stack
+    (provider,) = of_type(resources, "pulumi:providers:aws")
+    assert json.loads(provider.inputs["defaultTags"]) == {"tags": {"gpuyard.io/stack": name}}
+
+
 def test_children_have_parents_and_explicit_providers(stack):
     _, resources = stack
     components = {r.name for r in resources if r.type.startswith("gpuyard:")}
+    providers = {r.type.removeprefix("pulumi:providers:"): r.urn for r in resources if r.type.startswith("pulumi:providers:")}
     for resource in resources:
         if resource.type.startswith(("gpuyard:", "pulumi:providers:")):
             continue
         assert resource.parent in components, f"{resource.name} is not parented to a component"
+        package = resource.type.split(":")[0]
+        assert resource.provider.startswith(providers[package] + "::"), f"{resource.name} has no explicit provider"
 
 
 def test_vpc_spans_azs_with_tagged_subnets(stack):
