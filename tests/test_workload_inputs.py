@@ -121,3 +121,13 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 65536)
     except OSError:  # EIO once the child has closed the pty
         return b""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["2", "1", "--num-workers", "0"], "ray_entry: error: --num-workers must be >= 1 (got 0)\n"),
+    (["2", "0", "--num-workers", "2"], "train: error: save_every: Input should be greater than or equal to 1 (got 0)\n"),
+])
+def test_ray_entry_bad_input_exits_2_before_ray_starts(argv, message):
+    result = subprocess.run([sys.executable, "-m", "jobs.workload.ray_entry", *argv],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", message)

@@ -51,6 +51,8 @@ class Telemetry:
 
 
 class Trainer:
+    """The tutorial's Trainer: resumes before the DDP wrap, trains, saves from rank 0 on a thread."""
+
     def __init__(self, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, save_every: int,
                  checkpointer: Checkpointer | None, telemetry: Telemetry, env: dist.DistEnv):
         self.device = dist.device(env)
