@@ -1,7 +1,5 @@
 """The gpuyard stack: read the stack's config once at the edge, compose the components, export outputs."""
 
-import json
-
 import pulumi
 import pulumi_aws as aws
 from pulumi.runtime.config import CONFIG, get_config_env
@@ -18,10 +16,9 @@ from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTe
 from jobs.images import image_ref
 
 
-def config_values() -> dict:
-    """All config values of this stack; structured ones (objects, lists) arrive JSON-encoded."""
-    raw = {**get_config_env(), **CONFIG.get()}
-    return {key: json.loads(value) if value.startswith(("[", "{")) else value for key, value in raw.items()}
+def config_values() -> dict[str, str]:
+    """All config values of this stack, as the Pulumi runtime hands them over."""
+    return {**get_config_env(), **CONFIG.get()}
 
 
 def build(config: StackConfig) -> dict[str, pulumi.Input]:

@@ -1,6 +1,6 @@
 """Typed stack configuration: the one reading of ``stacks/Pulumi.<stack>.yaml``.
 
-Both the Pulumi program (``load_config(pulumi.Config())``) and the job renderers
+Both the Pulumi program (``parse_stack`` over the runtime's config) and the job renderers
 (``load_stack(name)``) go through :class:`StackConfig`, so the team list has one
 source of truth. Components and renderers never read raw config themselves.
 """
@@ -8,6 +8,7 @@ source of truth. Components and renderers never read raw config themselves.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -266,9 +267,20 @@ def _one_line(error: ValidationError, where: str) -> str:
     return f"{where}: {location}: {first['msg']}"
 
 
+def _decoded(value: Any) -> Any:
+    """Structured values (lists, objects) arrive JSON-encoded from the Pulumi runtime and
+    from stack files written by the Automation API; YAML-written ones are already decoded."""
+    if isinstance(value, str) and value.startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
 def parse_stack(stack: str, values: dict[str, Any]) -> StackConfig:
     """Build a StackConfig from the ``gpuyard:`` and ``aws:`` keys of a stack's config."""
-    ours = {k.split(":", 1)[1]: v for k, v in values.items() if k.startswith(f"{PROJECT}:")}
+    ours = {k.split(":", 1)[1]: _decoded(v) for k, v in values.items() if k.startswith(f"{PROJECT}:")}
     if "aws:region" in values:
         ours.setdefault("region", values["aws:region"])
     ours.setdefault("stack", stack)

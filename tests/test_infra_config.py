@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from infra.config import ConfigError, load_stack, parse_stack
+from infra.config import ConfigError, load_stack, parse_stack, stack_file
 from infra.plan import plan_values, stack_values
 
 BASE = {"gpuyard:cluster_name": "gpuyard-test"}
@@ -72,3 +72,17 @@ def test_more_azs_than_the_region_has_is_a_config_error():
     values = {**values, "gpuyard:network": {**values["gpuyard:network"], "az_count": 5}}
     with pytest.raises(ConfigError, match="network.az_count is 5 but the region has 4 AZs"):
         plan_values("dev", values)
+
+
+def test_json_encoded_structured_values_read_like_yaml_ones(tmp_path):
+    """The Automation API (``gpuyard env create``) stores lists and objects as JSON strings."""
+    import json
+
+    import yaml
+
+    written = yaml.safe_load((stack_file("dev")).read_text())["config"]
+    encoded = {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in written.items()}
+    (tmp_path / "Pulumi.pr-1.yaml").write_text(yaml.safe_dump({"config": encoded}))
+    from_json = load_stack("pr-1", tmp_path)
+    assert from_json.teams == load_stack("dev").teams
+    assert from_json.cluster == load_stack("dev").cluster
