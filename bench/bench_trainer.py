@@ -29,7 +29,7 @@ from torch.utils.data.distributed import DistributedSampler
 from jobs.local_aws import LocalAWS
 from jobs.workload import dist
 from jobs.workload.args import TrainArgs
-from jobs.workload.checkpoint import Checkpointer, serialize
+from jobs.workload.checkpoint import BackgroundSaver, Checkpointer, serialize
 from jobs.workload.data import build_model, synthetic_dataset
 from jobs.workload.metrics import TrainMetrics
 from jobs.workload.progress import Reporter
@@ -102,22 +102,29 @@ def samples_per_second(aws: LocalAWS) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def mlp_checkpoint() -> bytes:
-    """The bench model's checkpoint bytes, momentum buffers included."""
+def mlp_checkpoint() -> dict:
+    """The bench model's checkpoint state, momentum buffers included."""
     model = build_model(ARGS.model, ARGS.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=ARGS.lr, momentum=0.9)
     F.mse_loss(model(torch.rand(8, 20)), torch.rand(8, 1)).backward()
     optimizer.step()
-    return serialize({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
-def checkpoint_io(payload: bytes, prefix: str) -> dict[str, float]:
-    """Median seconds of our save/restore and of boto3 upload_file/download_file of the same bytes."""
+def checkpoint_io(state: dict, prefix: str) -> dict[str, float]:
+    """Median seconds of our save/restore and of boto3 upload_file/download_file of the same bytes.
+
+    ``training_blocked`` is what a save costs the training loop: BackgroundSaver serializes the
+    state and hands the upload to its thread.
+    """
     import boto3
 
+    payload = serialize(state)
     checkpointer = Checkpointer(S3Storage(BUCKET, prefix))
+    saver = BackgroundSaver(Checkpointer(S3Storage(BUCKET, f"{prefix}-background")))
     s3 = boto3.client("s3")
-    timings: dict[str, list[float]] = {"save": [], "restore": [], "upload_file": [], "download_file": []}
+    timings: dict[str, list[float]] = {"save": [], "restore": [], "upload_file": [], "download_file": [],
+                                       "training_blocked": []}
     with tempfile.TemporaryDirectory() as scratch:
         source, target = Path(scratch) / "ckpt.pt", Path(scratch) / "back.pt"
         source.write_bytes(payload)
@@ -126,6 +133,9 @@ def checkpoint_io(payload: bytes, prefix: str) -> dict[str, float]:
             timings["restore"].append(_timed(checkpointer.load_latest))
             timings["upload_file"].append(_timed(lambda: s3.upload_file(str(source), BUCKET, f"plain-{prefix}")))
             timings["download_file"].append(_timed(lambda: s3.download_file(BUCKET, f"plain-{prefix}", str(target))))
+            timings["training_blocked"].append(_timed(lambda: saver.submit(epoch, state)))
+            saver.wait()
+    saver.close()
     io = {name: statistics.median(values) for name, values in timings.items()}
     return {"bytes": len(payload), **{f"{name}_s": round(value, 4) for name, value in io.items()},
             "ratio_save": round(io["upload_file"] / io["save"], 3),
@@ -147,7 +157,7 @@ def main() -> None:
         boto3.client("s3").create_bucket(Bucket=BUCKET)
         rates = samples_per_second(aws)
         io = {"mlp_checkpoint": checkpoint_io(mlp_checkpoint(), "mlp"),
-              "64mb_state": checkpoint_io(serialize({"weights": torch.rand(16 * 2**20)}), "large")}
+              "64mb_state": checkpoint_io({"weights": torch.rand(16 * 2**20)}, "large")}
     report = {
         "setup": {"model": ARGS.model, "dataset_size": ARGS.dataset_size, "batch_size": ARGS.batch_size,
                   "epochs": ARGS.total_epochs, "world_size": 2, "launcher": "torchrun", "backend": "gloo",

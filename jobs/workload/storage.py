@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 from urllib.parse import urlparse
 
 T = TypeVar("T")
+MULTIPART_THRESHOLD = 8 * 2**20  # boto3's default
 
 
 class StorageError(Exception):
@@ -100,7 +101,7 @@ class S3Storage:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _retry(self, what: str, call: Callable[[], T], attempts: int | None = None) -> T:
-        from boto3.exceptions import S3TransferFailedError, S3UploadFailedError
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         attempts, attempt = attempts or self.attempts, 1
@@ -115,7 +116,7 @@ class S3Storage:
                 if status < 500 and code not in ("SlowDown", "Throttling", "RequestTimeout"):
                     raise StorageError(f"{self.uri}: {what}: {code or status}") from None
                 failure = code or str(status)
-            except (BotoCoreError, S3UploadFailedError, S3TransferFailedError) as error:
+            except (BotoCoreError, S3UploadFailedError) as error:
                 failure = str(error)
             if attempt >= attempts:
                 raise StorageError(f"{self.uri}: {what} failed after {attempts} attempts: {failure}")
@@ -130,14 +131,16 @@ class S3Storage:
 
     def put(self, name: str, data: bytes) -> None:
         """One PUT, or a parallel multipart upload for large data (boto3's managed transfer)."""
-        self._retry(f"put {name}", lambda: self._s3.upload_fileobj(io.BytesIO(data), self.bucket, self._key(name)))
+        def upload() -> None:
+            if len(data) < MULTIPART_THRESHOLD:
+                self._s3.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+            else:
+                self._s3.upload_fileobj(io.BytesIO(data), self.bucket, self._key(name))
+        self._retry(f"put {name}", upload)
 
     def get(self, name: str) -> bytes:
-        def download() -> bytes:
-            buffer = io.BytesIO()
-            self._s3.download_fileobj(self.bucket, self._key(name), buffer)
-            return buffer.getvalue()
-        return self._retry(f"get {name}", download)
+        return self._retry(f"get {name}",
+                           lambda: self._s3.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read())
 
     def names(self) -> list[str]:
         def list_all() -> list[str]:
