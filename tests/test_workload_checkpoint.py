@@ -136,3 +136,11 @@ def test_a_verified_object_that_is_no_checkpoint_and_a_manifest_without_keys_are
     reasons = [e["reason"] for e in events if e["event"] == "checkpoint_skipped"]
     assert reasons[0] == "unreadable manifest: KeyError('bytes')"
     assert reasons[1].startswith(f"{data_name(2)}: not a checkpoint")
+
+
+def test_a_checkpoint_above_the_multipart_threshold_round_trips_through_s3(local_aws):
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    checkpointer = Checkpointer(S3Storage("ckpt", "big"))
+    weights = torch.rand(3 * 2**20)  # 12 MiB: a multipart upload
+    checkpointer.save(1, serialize({"weights": weights}))
+    assert torch.equal(checkpointer.load_latest().state["weights"], weights)
