@@ -25,7 +25,7 @@ def uninterrupted(args: TrainArgs, launcher=python_cmd) -> dict:
 
 
 def _start(cmd: list[str], out, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
+    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
@@ -37,7 +37,11 @@ def _wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
 
 
 def _finished(process: subprocess.Popen, out) -> subprocess.CompletedProcess:
-    process.wait(timeout=180)
+    try:
+        process.wait(timeout=180)
+    finally:
+        if process.poll() is None:  # hung: take the launcher and its workers down with it
+            os.killpg(process.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
 
 

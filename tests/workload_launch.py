@@ -23,8 +23,9 @@ def python_cmd(args: TrainArgs) -> list[str]:
 
 
 def torchrun_cmd(args: TrainArgs, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    """Static rendezvous: the agent makes a fresh store for every restart, so no stale gloo addresses."""
     return [str(BIN / "torchrun"), "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             "-m", TRAIN_MODULE, *args.to_argv()]
 
 

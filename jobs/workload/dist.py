@@ -75,8 +75,13 @@ def init_process_group(env: DistEnv) -> None:
         return
     if env.world_size == 1:
         dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1)
-    else:
-        dist.init_process_group(backend(), init_method="env://", rank=env.rank, world_size=env.world_size)
+        return
+    store, rank, world_size = next(dist.rendezvous("env://", rank=env.rank, world_size=env.world_size))
+    # torchrun keeps its store across restarts: without a per-attempt prefix, restarted workers can
+    # read the gloo addresses of the killed ones and hang in connectFullMesh
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend(), store=dist.PrefixStore(f"attempt_{attempt}", store),
+                            rank=rank, world_size=world_size)
 
 
 def destroy_process_group() -> None:
