@@ -98,8 +98,8 @@ def test_s3_outage_during_training_saves_retry_training_goes_on(tmp_path, local_
     out = tmp_path / "out"
     trainer = _start(python_cmd(args), out, env)
     _wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="the first checkpoint")
-    proxy.down()
-    time.sleep(10)  # longer than one save's retry budget (~8 s), shorter than two
+    proxy.down()  # until a save has used up its retries, however slow the machine
+    _wait_for(lambda: '"event": "checkpoint_failed"' in out.read_text(), what="a save to give up")
     proxy.up()
     result = _finished(trainer, out)
     proxy.close()
