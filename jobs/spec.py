@@ -187,7 +187,8 @@ def build_spec(
     module = TRAIN_MODULE
     if kind == "rayjob":
         module = RAY_MODULE
-        args += ("--num-workers", str(nodes * (gpus_per_node or 1)))
+        # explicit: the Ray driver runs on the CPU-only head pod, so it cannot detect the workers' GPUs
+        args += ("--num-workers", str(nodes * (gpus_per_node or 1)), "--use-gpu" if gpus_per_node else "--no-use-gpu")
     values = {
         "name": name, "team": team.name, "kind": kind, "nodes": nodes,
         "min_nodes": nodes if min_nodes is None else min_nodes,

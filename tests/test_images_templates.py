@@ -90,8 +90,9 @@ def test_rayjob_entrypoint_is_the_ray_image_command_shape():
     cmd = Dockerfile.of("ray").command()
     entrypoint = shlex.split(rendered(CONFIG.teams[0], "rayjob")["spec"]["entrypoint"])
     assert entrypoint[:3] == cmd[:3] == ["python", "-m", RAY_MODULE]
-    assert entrypoint[-2] == cmd[-2] == "--num-workers"
-    trainer_argv(entrypoint[3:-2])
+    assert entrypoint[-3] == cmd[-2] == "--num-workers"
+    assert entrypoint[-1] in ("--use-gpu", "--no-use-gpu")
+    trainer_argv(entrypoint[3:-3])
 
 
 @pytest.mark.parametrize("image", sorted(set(KIND_IMAGE.values())))

@@ -51,9 +51,9 @@ def expected_argv(kind: str, team: str = "vision") -> list[str]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_trainer_gets_train_args_to_argv_verbatim(kind):
     argv = trainer_argv(rendered(kind))
-    if kind == "rayjob":  # the Ray entry takes the trainer's arguments plus its worker count
-        argv, launcher = argv[:-2], argv[-2:]
-        assert launcher == ["--num-workers", "2"]
+    if kind == "rayjob":  # the Ray entry takes the trainer's arguments plus its worker count and device
+        argv, launcher = argv[:-3], argv[-3:]
+        assert launcher == ["--num-workers", "2", "--use-gpu"]
     assert argv == expected_argv(kind)
     assert parse_args(argv).to_argv() == argv
 
@@ -75,7 +75,13 @@ def test_mpirun_runs_the_trainer_module(kind):
 def test_ray_entrypoint_runs_the_ray_entry_on_every_gpu():
     entry = shlex.split(rendered("rayjob", nodes=3, gpus_per_node=4)["spec"]["entrypoint"])
     assert entry[:3] == ["python", "-m", RAY_MODULE]
-    assert entry[-2:] == ["--num-workers", "12"]
+    assert entry[-3:] == ["--num-workers", "12", "--use-gpu"]
+
+
+def test_ray_entry_is_told_the_workers_have_no_gpu_on_cpu_jobs():
+    """The driver runs on the CPU-only head, so the device is never left to its detection."""
+    entry = shlex.split(rendered("rayjob", nodes=2, gpus_per_node=0)["spec"]["entrypoint"])
+    assert entry[-3:] == ["--num-workers", "2", "--no-use-gpu"]
 
 
 # --- names, rendezvous, gang ---
