@@ -13,11 +13,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+import typer
 
+from infra.config import load_stack
 from jobs.cli.errors import fail
 from jobs.cli.main import app
 from jobs.local_aws import LocalAWS
@@ -25,6 +28,7 @@ from jobs.workload.args import TRAIN_MODULE, TrainArgs
 
 BUCKET = "gpuyard-demo"
 PROCESSES = 2
+PLAN_TYPES_SHOWN = 10
 DEMO_ARGS = TrainArgs(total_epochs=20, save_every=5, batch_size=32, dataset_size=4096,
                       checkpoint_uri=f"s3://{BUCKET}/runs/ddp")
 
@@ -115,10 +119,54 @@ def show_training_summary(console: Console, training: TrainingRun) -> None:
     console.print(table)
 
 
+def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
+    """Render every kind for every team of the stack into ``out_dir`` and list the files."""
+    from jobs.render import render_all
+
+    written = render_all(load_stack(stack), out_dir)
+    table = Table(title=f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all)",
+                  title_justify="left")
+    table.add_column("team")
+    table.add_column("kind")
+    table.add_column("file", overflow="fold")
+    for path in written:
+        table.add_row(path.parent.name, path.stem.removeprefix(f"{path.parent.name}-"), str(path))
+    console.print(table)
+    return written
+
+
+def show_plan_summary(console: Console, stack: str) -> int:
+    """What ``pulumi up`` would create for the stack, computed offline under Pulumi's mocks."""
+    from infra.plan import plan_summary  # the Pulumi SDKs load only here
+
+    count, per_type = plan_summary(stack)
+    table = Table(title=f"pulumi up --stack {stack} would create {count} resources (gpuyard plan, offline)",
+                  title_justify="left")
+    table.add_column("resource type")
+    table.add_column("count", justify="right")
+    ranked = sorted(per_type.items(), key=lambda item: (-item[1], item[0]))
+    for resource_type, n in ranked[:PLAN_TYPES_SHOWN]:
+        table.add_row(resource_type, str(n))
+    rest = ranked[PLAN_TYPES_SHOWN:]
+    table.add_row(f"… {len(rest)} more types (gpuyard plan --stack {stack})", str(sum(n for _, n in rest)))
+    console.print(table)
+    return count
+
+
 @app.command()
-def demo() -> None:
-    """Train the reference DDP workload under torchrun on a local S3 endpoint."""
+def demo(
+    stack: str = typer.Option("dev", "--stack", help="Stack whose templates and plan are shown."),
+    output: Path = typer.Option(Path("out/demo"), "--output", "-o", help="Folder for the rendered templates."),
+) -> None:
+    """Train the reference DDP workload under torchrun on a local S3 endpoint, then render the
+    stack's job templates and show what `pulumi up` would create."""
     console = Console()
+    try:
+        config = load_stack(stack)
+    except ValueError as error:
+        fail(str(error))
     with LocalAWS() as aws:
         training = run_training(aws, console)
     show_training_summary(console, training)
+    render_templates(console, config.stack, output)
+    show_plan_summary(console, config.stack)
