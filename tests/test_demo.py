@@ -47,3 +47,17 @@ def test_demo_rejects_an_unknown_stack_in_one_line_before_training():
     assert result.returncode == 2
     assert result.stderr.startswith("gpuyard: error: unknown stack 'nope'") and result.stderr.count("\n") == 1
     assert "torchrun" not in result.stdout
+
+
+def test_a_failed_training_names_the_workers_exception_not_torchrun_boilerplate():
+    from jobs.cli.demo import root_cause
+
+    launcher = "\n".join([
+        "[rank1]:     digest.update(...)",
+        "[rank1]: RuntimeError: Numpy is not available",
+        "E1202 api.py:1002] failed (exitcode: 1) local_rank: 1",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    ])
+    assert root_cause(launcher) == "[rank1]: RuntimeError: Numpy is not available"
+    assert root_cause("E1202 failed (exitcode: 1)\nerror: no rendezvous") == "error: no rendezvous"
+    assert root_cause("") == "see torchrun output"

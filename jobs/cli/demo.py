@@ -66,12 +66,19 @@ def run_training(aws: LocalAWS, console: Console, args: TrainArgs = DEMO_ARGS) -
         training = _follow(trainer, console, args, aws.endpoint_url)
         if trainer.wait() != 0 or not training.done:
             launcher_log.seek(0)
-            errors = [line for line in launcher_log.read().splitlines() if "error" in line.lower()]
-            fail(f"training failed (exit {trainer.returncode}): {errors[-1] if errors else 'see torchrun output'}", 1)
+            fail(f"training failed (exit {trainer.returncode}): {root_cause(launcher_log.read())}", 1)
     training.seconds = time.perf_counter() - started
     listing = s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])
     training.objects = [f"s3://{BUCKET}/{item['Key']}" for item in listing]
     return training
+
+
+def root_cause(launcher_output: str) -> str:
+    """The workers' exception line (``[rank0]: RuntimeError: ...``) if any, else torchrun's last error line."""
+    lines = launcher_output.splitlines()
+    raised = [line for line in lines if line.startswith("[rank") and "Error:" in line]
+    errors = raised or [line for line in lines if "error" in line.lower()]
+    return errors[-1].strip() if errors else "see torchrun output"
 
 
 def _follow(trainer: subprocess.Popen, console: Console, args: TrainArgs, endpoint_url: str) -> TrainingRun:

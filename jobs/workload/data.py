@@ -42,5 +42,6 @@ def weights_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):
         digest.update(key.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        # the raw bytes of a fresh copy (its storage holds exactly this tensor); numpy is not a torch dependency
+        digest.update(bytes(tensor.detach().cpu().clone(memory_format=torch.contiguous_format).untyped_storage()))
     return digest.hexdigest()
