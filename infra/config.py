@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from infra.validation import validation_message
+
 PROJECT = "gpuyard"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 STACKS_DIR_ENV = "GPUYARD_STACKS_DIR"
@@ -261,12 +263,6 @@ class StackConfig(Frozen):
         raise ConfigError(f"unknown team {name!r} in stack {self.stack!r} (teams: {known})")
 
 
-def _one_line(error: ValidationError, where: str) -> str:
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "config"
-    return f"{where}: {location}: {first['msg']}"
-
-
 def _decoded(value: Any) -> Any:
     """Structured values (lists, objects) arrive JSON-encoded from the Pulumi runtime and
     from stack files written by the Automation API; YAML-written ones are already decoded."""
@@ -287,7 +283,7 @@ def parse_stack(stack: str, values: dict[str, Any]) -> StackConfig:
     try:
         return StackConfig.model_validate(ours)
     except ValidationError as error:
-        raise ConfigError(_one_line(error, f"stack {stack!r}")) from None
+        raise ConfigError(f"stack {stack!r}: {validation_message(error, with_input=False)}") from None
 
 
 def stacks_dir() -> Path:

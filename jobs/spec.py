@@ -12,6 +12,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.config import DNS1123_LABEL, StackConfig, Team
+from infra.validation import validation_message
 from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
 from jobs.images import image_ref
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
@@ -203,9 +204,4 @@ def build_spec(
     try:
         return JobSpec.model_validate(values)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if where:
-            message = f"{where}: {message} (got {first['input']!r})"
-        raise SpecError(message) from None
+        raise SpecError(validation_message(error)) from None

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infra.validation import validation_message
+
 MODELS = ("linear", "mlp")
 TRAIN_MODULE = "jobs.workload.train"
 RAY_MODULE = "jobs.workload.ray_entry"
@@ -73,9 +75,7 @@ def parse_args(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     try:
         return TrainArgs.model_validate(vars(namespace))
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise ArgsError(f"{field}: {first['msg']} (got {first.get('input')!r})") from None
+        raise ArgsError(validation_message(error)) from None
 
 
 def exit_on_bad_args(argv: list[str]) -> TrainArgs:
