@@ -50,6 +50,14 @@ class LocalAWS:
         """Variables that make boto3 talk to this endpoint with dummy credentials."""
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint_url}
 
+    def client(self, service: str):
+        """A boto3 client for ``service`` on this endpoint, whatever this process's environment says."""
+        import boto3
+
+        return boto3.client(service, endpoint_url=self.endpoint_url, region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+                            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+
     def start(self, timeout: float = 30.0) -> "LocalAWS":
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._process = subprocess.Popen(

@@ -21,6 +21,7 @@ import pytest
 
 from dockerfile_parse import IMAGES, Dockerfile
 from infra.config import load_stack
+from jobs.local_aws import free_port
 from jobs.render import render
 from jobs.spec import build_spec
 from jobs.workload.args import TRAIN_MODULE
@@ -30,11 +31,6 @@ pytestmark = pytest.mark.slow
 BIN = str(Path(sys.executable).parent)
 SSHD = Path("/usr/sbin/sshd")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def image_env(dockerfile: Dockerfile, tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -1,13 +1,10 @@
-import boto3
-
 from jobs.local_aws import LocalAWS
 
 
 def test_moto_server_serves_s3_and_keeps_its_port_across_restart(tmp_path):
     aws = LocalAWS(log_path=tmp_path / "moto.log").start()
     try:
-        s3 = boto3.client("s3", endpoint_url=aws.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3 = aws.client("s3")
         s3.create_bucket(Bucket="ckpt")
         assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["ckpt"]
         port = aws.port

@@ -6,7 +6,6 @@ the metrics port (fixed in the cluster, free here) and the venv's executables.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra.conventions import METRICS_PORT
+from jobs.local_aws import free_port
 from jobs.render import render
 from render_helpers import STACK, make_spec
 
@@ -33,11 +33,6 @@ def test_rendered_pytorchjob_command_trains_and_checkpoints(tmp_path):
     assert events[-1]["event"] == "done" and events[-1]["epochs"] == 2
     assert sorted(path.name for path in (tmp_path / "ckpt").glob("*.pt")) == ["ckpt-000002.pt"]  # save_every=2
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.slow

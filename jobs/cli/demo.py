@@ -54,10 +54,7 @@ def torchrun_command(args: TrainArgs, processes: int = PROCESSES) -> list[str]:
 
 def run_training(aws: LocalAWS, console: Console, args: TrainArgs = DEMO_ARGS) -> TrainingRun:
     """Create the bucket, train under torchrun on the CPU with a live progress bar, list the checkpoints."""
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=aws.endpoint_url, region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3 = aws.client("s3")
     s3.create_bucket(Bucket=BUCKET)
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as launcher_log:
