@@ -13,7 +13,7 @@ from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
 from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
-from jobs.images import image_ref
+from infra.images import image_ref
 
 
 def config_values() -> dict[str, str]:

@@ -11,7 +11,7 @@ import pulumi_aws as aws
 from infra.config import StorageConfig
 from infra.conventions import IMAGE_NAMES
 from infra.policies import bucket_tls_only_policy
-from jobs.images import repository_name
+from infra.images import repository_name
 
 
 def checkpoint_lifecycle_rules(noncurrent_days: int) -> list[dict]:

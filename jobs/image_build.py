@@ -1,6 +1,6 @@
 """Build the ``images/`` Dockerfiles with docker buildx and push them to the stack's registry.
 
-Images are tagged ``jobs.images.image_ref`` (``<registry>/<image>:<tag>``), the same
+Images are tagged ``infra.images.image_ref`` (``<registry>/<image>:<tag>``), the same
 references the job templates use. Pushing needs ``gpuyard:image_registry`` (the host
 and cluster prefix of the stack's ECR repositories); an ECR host gets a
 ``docker login`` with a token from the ECR API first.
@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config import StackConfig
 from infra.conventions import IMAGE_NAMES
-from jobs.images import image_ref
+from infra.images import image_ref
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLATFORM = "linux/amd64"

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from infra.config import DNS1123_LABEL, StackConfig, Team
 from infra.validation import validation_message
 from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
-from jobs.images import image_ref
+from infra.images import image_ref
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
 Kind = Literal["pytorchjob", "mpijob", "rayjob", "volcanojob", "trainjob"]
@@ -22,7 +22,7 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 CapacityType = Literal["on-demand", "spot"]
 ELASTIC_KINDS: tuple[Kind, ...] = ("pytorchjob",)  # torchrun rendezvous; MPI, Ray and TrainJob are fixed-size
 
-# Which of jobs.images.IMAGE_NAMES each kind runs.
+# Which of infra.conventions.IMAGE_NAMES each kind runs.
 KIND_IMAGE: dict[Kind, str] = {
     "pytorchjob": "ddp", "trainjob": "ddp", "mpijob": "mpi", "volcanojob": "mpi", "rayjob": "ray",
 }

@@ -18,7 +18,7 @@ import yaml
 from infra.config import load_stack, stack_file
 from infra.conventions import IMAGE_NAMES
 from jobs.image_build import REPO_ROOT
-from jobs.images import image_ref
+from infra.images import image_ref
 
 GPUYARD = Path(sys.executable).parent / "gpuyard"
 ECR_REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com/gpuyard-dev"

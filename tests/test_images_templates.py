@@ -14,7 +14,7 @@ import pytest
 
 from dockerfile_parse import IMAGES, Dockerfile
 from infra.config import load_stack
-from jobs.images import image_ref
+from infra.images import image_ref
 from jobs.render import render
 from jobs.render.mpi import SSH_DIR, SSH_PORT
 from jobs.render.pod import RUN_AS_USER

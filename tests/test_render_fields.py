@@ -4,6 +4,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.config import parse_stack
 from infra.conventions import (
@@ -17,7 +18,7 @@ from infra.conventions import (
     NODEPOOL_GPU_ON_DEMAND,
     NODEPOOL_GPU_SPOT,
 )
-from jobs.images import image_ref
+from infra.images import image_ref
 from jobs.render import render, write_manifests
 from jobs.spec import KINDS, SpecError, parse_env, parse_nodes, trainer_args
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
@@ -341,7 +342,7 @@ def test_write_manifests_adds_files_and_keeps_others(tmp_path):
 
 def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(TypeError, match="cannot write object"):
+    with pytest.raises(yaml.representer.RepresenterError, match="cannot represent an object"):
         write_manifests({Path("good.yaml"): {"kind": "X"}, Path("bad.yaml"): {"kind": object()}}, out)
     assert list(tmp_path.iterdir()) == []
 

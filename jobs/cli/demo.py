@@ -22,7 +22,6 @@ import typer
 
 from infra.config import load_stack
 from jobs.cli.errors import fail
-from jobs.cli.main import app
 from jobs.local_aws import LocalAWS
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
 
@@ -157,7 +156,6 @@ def show_plan_summary(console: Console, stack: str) -> int:
     return count
 
 
-@app.command()
 def demo(
     stack: str = typer.Option("dev", "--stack", help="Stack whose templates and plan are shown."),
     output: Path = typer.Option(Path("out/demo"), "--output", "-o", help="Folder for the rendered templates."),

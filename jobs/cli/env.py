@@ -12,15 +12,13 @@ from rich.table import Table
 
 from infra.config import ConfigError
 from jobs.cli.errors import fail
-from jobs.cli.main import app
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
                                    list_envs)
 from jobs.ephemeral.ttl import TTLError, describe_remaining, format_expiry, parse_ttl
 
-env_app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
+app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                       no_args_is_help=True)
-app.add_typer(env_app, name="env")
 
 console = Console(highlight=False, markup=False, emoji=False)  # AWS names and Pulumi output print as they are
 
@@ -72,7 +70,7 @@ def _confirmed(question: str) -> bool:
         return False
 
 
-@env_app.command()
+@app.command()
 def cleanup(
     cluster: str = typer.Option(..., "--cluster", help="EKS cluster name whose leftovers to delete."),
     region: str | None = typer.Option(None, "--region", help="AWS region (default: the AWS SDK's)."),
@@ -111,7 +109,7 @@ def _user() -> str:
         raise EnvError("cannot tell who you are: pass --owner NAME") from None
 
 
-@env_app.command()
+@app.command()
 def create(
     name: str = typer.Argument(..., help="Environment (stack) name, e.g. pr-123."),
     ttl: str = typer.Option(..., "--ttl", help="Lifetime: 30m, 8h, 2d, 1h30m (at most 30d)."),
@@ -128,7 +126,7 @@ def create(
     console.print(f"{env.name} is up: cluster {env.cluster_name}, expires {format_expiry(env.lease.expires_at)}")
 
 
-@env_app.command("list")
+@app.command("list")
 def list_() -> None:
     """The ephemeral stacks, their owners and expiry."""
     try:
@@ -161,7 +159,7 @@ def _destroy(name: str) -> bool:
     return True
 
 
-@env_app.command()
+@app.command()
 def destroy(name: str = typer.Argument(..., help="Environment (stack) name.")) -> None:
     """Drain NodePools, delete the cluster's leftovers, then pulumi destroy and stack rm."""
     try:
@@ -172,7 +170,7 @@ def destroy(name: str = typer.Argument(..., help="Environment (stack) name.")) -
         raise typer.Exit(1)
 
 
-@env_app.command()
+@app.command()
 def reap(dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be destroyed; change nothing.")) -> None:
     """Destroy every ephemeral stack whose lease has expired."""
     now = datetime.now(UTC)

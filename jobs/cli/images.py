@@ -7,15 +7,13 @@ import typer
 from infra.config import ConfigError, load_stack
 from infra.conventions import IMAGE_NAMES
 from jobs.cli.errors import fail
-from jobs.cli.main import app
 from jobs.image_build import DEFAULT_PLATFORM, BuildError, build_images
 
-images_app = typer.Typer(help="Container images of the training jobs (images/<name>/Dockerfile).",
+app = typer.Typer(help="Container images of the training jobs (images/<name>/Dockerfile).",
                          no_args_is_help=True)
-app.add_typer(images_app, name="images")
 
 
-@images_app.command()
+@app.command()
 def build(
     stack: str = typer.Option("dev", "--stack", help="Stack whose registry and tag name the images."),
     image: list[str] = typer.Option(list(IMAGE_NAMES), "--image", "-i",

@@ -1,9 +1,10 @@
-"""Entry point of the ``gpuyard`` command: one sub-command per module."""
+"""Entry point of the ``gpuyard`` command: assembles the commands each module of ``jobs.cli`` defines."""
 
 import sys
 
 import typer
 
+from jobs.cli import demo, env, images, plan, render
 from jobs.cli.errors import USAGE_EXIT
 
 app = typer.Typer(
@@ -13,18 +14,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-@app.callback()
-def _group() -> None:
-    """From a local PyTorch experiment to gang-scheduled distributed training on EKS."""
-
-# sub-commands register themselves on `app` when imported
-from jobs.cli import demo  # noqa: E402,F401
-from jobs.cli import env  # noqa: E402,F401
-from jobs.cli import images  # noqa: E402,F401
-from jobs.cli import plan  # noqa: E402,F401
-from jobs.cli import render  # noqa: E402,F401
+app.command("demo")(demo.demo)
+app.command("plan")(plan.plan_command)
+app.command("render")(render.render_command)
+app.add_typer(env.app, name="env")
+app.add_typer(images.app, name="images")
 
 
 def main() -> None:

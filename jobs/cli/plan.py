@@ -8,10 +8,8 @@ import typer
 
 from infra.config import ConfigError
 from jobs.cli.errors import fail
-from jobs.cli.main import app
 
 
-@app.command("plan")
 def plan_command(
     stack: str = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to plan."),
     as_json: bool = typer.Option(False, "--json", help="A JSON list of {type, name, parent, inputs}."),

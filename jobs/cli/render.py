@@ -8,7 +8,6 @@ import typer
 
 from infra.config import ConfigError, load_stack
 from jobs.cli.errors import fail
-from jobs.cli.main import app
 from jobs.render import default_specs, render_specs, to_yaml, write_manifests
 from jobs.spec import (
     DEFAULT_EPOCHS,
@@ -22,7 +21,6 @@ from jobs.spec import (
 )
 
 
-@app.command("render")
 def render_command(
     stack: str = typer.Option("dev", "--stack", help="Stack whose teams, images and bucket to use."),
     team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),

@@ -12,8 +12,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from infra.config import StackConfig, Team
-from jobs.render import block_yaml, mpijob, pytorchjob, rayjob, trainjob, volcanojob
+from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
 from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
 
 RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
@@ -23,6 +25,8 @@ RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
     "volcanojob": volcanojob.render,
     "trainjob": trainjob.render,
 }
+# libyaml folds scalars longer than its line width, a C int: the largest one means never.
+_NO_FOLDING = 2**31 - 1
 
 
 def render(spec: JobSpec, team: Team) -> dict:
@@ -33,7 +37,9 @@ def render(spec: JobSpec, team: Team) -> dict:
 
 
 def to_yaml(manifest: dict) -> str:
-    return block_yaml.dump(manifest)
+    """Block-style YAML through libyaml, keys in insertion order and no line folding, so the same manifest is
+    always the same bytes."""
+    return yaml.dump(manifest, Dumper=yaml.CSafeDumper, sort_keys=False, width=_NO_FOLDING)
 
 
 def manifest_path(spec: JobSpec) -> Path:
