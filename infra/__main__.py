@@ -46,7 +46,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
         ),
         opts=after_cluster,
     )
-    addons = Addons("addons", AddonsArgs(config.addons, image_ref(config, "ddp"), k8s))
+    addons = Addons("addons", AddonsArgs(config.addons, k8s))
     Monitoring("monitoring", MonitoringArgs(k8s))
     PriorityClasses("priority", PriorityClassesArgs(k8s))
     storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
@@ -55,7 +55,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
             f"team-{team.name}",
             TeamArgs(
                 team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano,
-                aws_provider, k8s,
+                aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or image_ref(config, "ddp"),
             ),
         )
         for team in config.teams

@@ -11,18 +11,17 @@ from infra.charts import (
     EFA_DEVICE_PLUGIN,
     KUBEFLOW_TRAINER,
     KUBERAY_OPERATOR,
-    MPI_OPERATOR_MANIFEST,
+    MPI_OPERATOR_KUSTOMIZATION,
     NVIDIA_DEVICE_PLUGIN,
     TRAINING_OPERATOR_KUSTOMIZATION,
     VOLCANO,
     Chart,
     release_args,
 )
-from infra.cluster import LABEL_GPU_NODE, SYSTEM_NODES
+from infra.cluster import SYSTEM_NODES
 from infra.config import AddonsConfig
-from infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_PART_OF, METRICS_PORT, METRICS_PORT_NAME, PART_OF
-
-TORCH_RUNTIME = "torch-distributed"
+from infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT
+from infra.operators import KUBERAY_BATCH_SCHEDULER, VOLCANO_SCHEDULER_CONF, VOLCANO_SCHEDULER_CONF_VALUES_KEY
 
 
 def gpu_toleration() -> dict[str, str]:
@@ -30,18 +29,27 @@ def gpu_toleration() -> dict[str, str]:
 
 
 def gpu_daemon_placement() -> dict:
-    """Scheduling for per-GPU-node daemons (device plugin, DCGM exporter): GPU nodes only, taint tolerated."""
-    return {"nodeSelector": {LABEL_GPU_NODE: "true"}, "tolerations": [gpu_toleration()]}
+    """Scheduling for per-GPU-node daemons (device plugin, DCGM exporter): nodes labelled
+    ``nvidia.com/gpu.present=true`` (every GPU node group and GPU NodePool), GPU taint tolerated. The device
+    plugin chart's default affinity (pci-10de, cpu vendor NVIDIA or that label) still applies and is met."""
+    return {"nodeSelector": {LABEL_GPU_PRESENT: "true"}, "tolerations": [gpu_toleration()]}
 
 
 def efa_plugin_values() -> dict:
-    """The EFA device plugin runs on nodes that have EFA interfaces, GPU-tainted or not."""
-    return {"nodeSelector": {"vpc.amazonaws.com/efa.present": "true"}, "tolerations": [gpu_toleration()]}
+    """The EFA device plugin runs on nodes labelled ``vpc.amazonaws.com/efa.present=true`` (EFA node groups and
+    the EFA NodePool), on top of the chart's own instance-type affinity; GPU taint tolerated."""
+    return {"nodeSelector": {LABEL_EFA_PRESENT: "true"}, "tolerations": [gpu_toleration()]}
+
+
+def volcano_values() -> dict:
+    """The scheduler configuration of infra.operators, where the chart reads it."""
+    section, key = VOLCANO_SCHEDULER_CONF_VALUES_KEY
+    return {section: {key: VOLCANO_SCHEDULER_CONF}}
 
 
 def kuberay_values() -> dict:
-    """KubeRay hands RayCluster/RayJob pods to Volcano for gang scheduling."""
-    return {"batchScheduler": {"name": "volcano"}, "nodeSelector": SYSTEM_NODES}
+    """KubeRay hands RayCluster/RayJob pods to Volcano for gang scheduling (--batch-scheduler=volcano)."""
+    return {"batchScheduler": {"name": KUBERAY_BATCH_SCHEDULER}, "nodeSelector": SYSTEM_NODES}
 
 
 def trainer_values() -> dict:
@@ -49,36 +57,15 @@ def trainer_values() -> dict:
     return {"jobset": {"install": True}}
 
 
-def torch_runtime_spec(image: str) -> dict:
-    """A ClusterTrainingRuntime for torchrun jobs: gang-scheduled by Volcano, tolerating GPU nodes, metrics port open."""
-    container = {
-        "name": "node",
-        "image": image,
-        "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
-    }
-    pod = {
-        "metadata": {"labels": {LABEL_PART_OF: PART_OF, "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-        "spec": {"template": {
-            "metadata": {"labels": {LABEL_PART_OF: PART_OF}},
-            "spec": {"tolerations": [gpu_toleration()], "containers": [container]},
-        }},
-    }
-    return {
-        "mlPolicy": {"numNodes": 1, "torch": {}},
-        "podGroupPolicy": {"volcano": {}},
-        "template": {"spec": {"replicatedJobs": [{"name": "node", "replicas": 1, "template": pod}]}},
-    }
-
-
 @dataclass(frozen=True)
 class AddonsArgs:
     config: AddonsConfig
-    trainer_image: str
     k8s_provider: kubernetes.Provider
 
 
 class Addons(pulumi.ComponentResource):
-    """Cluster-wide operators; ``volcano`` is exposed so queues can wait for its CRDs."""
+    """Cluster-wide operators; ``volcano`` and ``trainer`` (None without Trainer v2) are exposed so queues and
+    training runtimes can wait for their CRDs."""
 
     def __init__(self, name: str, args: AddonsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpuyard:addons:Addons", name, None, opts)
@@ -89,8 +76,7 @@ class Addons(pulumi.ComponentResource):
         self._create_training_operator()
         self._create_mpi_operator()
         self._create_kuberay()
-        if args.config.trainer_v2:
-            self._create_trainer_v2()
+        self.trainer = self._create_trainer_v2() if args.config.trainer_v2 else None
         self.register_outputs({})
 
     def _opts(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
@@ -107,7 +93,7 @@ class Addons(pulumi.ComponentResource):
         self._release("efa-device-plugin", EFA_DEVICE_PLUGIN, "kube-system", efa_plugin_values())
 
     def _create_volcano(self) -> kubernetes.helm.v3.Release:
-        return self._release("volcano", VOLCANO, "volcano-system", {})
+        return self._release("volcano", VOLCANO, "volcano-system", volcano_values())
 
     def _create_training_operator(self) -> None:
         kubernetes.kustomize.v2.Directory(
@@ -115,18 +101,12 @@ class Addons(pulumi.ComponentResource):
         )
 
     def _create_mpi_operator(self) -> None:
-        kubernetes.yaml.v2.ConfigFile(f"{self._name}-mpi-operator", file=MPI_OPERATOR_MANIFEST, opts=self._opts())
+        kubernetes.kustomize.v2.Directory(
+            f"{self._name}-mpi-operator", directory=MPI_OPERATOR_KUSTOMIZATION, opts=self._opts(self.volcano)
+        )
 
     def _create_kuberay(self) -> None:
         self._release("kuberay-operator", KUBERAY_OPERATOR, "kuberay-system", kuberay_values(), self.volcano)
 
-    def _create_trainer_v2(self) -> None:
-        trainer = self._release("kubeflow-trainer", KUBEFLOW_TRAINER, "kubeflow-system", trainer_values(), self.volcano)
-        kubernetes.apiextensions.CustomResource(
-            f"{self._name}-{TORCH_RUNTIME}",
-            api_version="trainer.kubeflow.org/v1alpha1",
-            kind="ClusterTrainingRuntime",
-            metadata={"name": TORCH_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch", LABEL_PART_OF: PART_OF}},
-            spec=torch_runtime_spec(self._args.trainer_image),
-            opts=self._opts(trainer),
-        )
+    def _create_trainer_v2(self) -> kubernetes.helm.v3.Release:
+        return self._release("kubeflow-trainer", KUBEFLOW_TRAINER, "kubeflow-system", trainer_values(), self.volcano)

@@ -25,8 +25,10 @@ KUBE_PROMETHEUS_STACK = Chart("kube-prometheus-stack", "79.12.0", "https://prome
 DCGM_EXPORTER = Chart("dcgm-exporter", "4.6.0", "https://nvidia.github.io/dcgm-exporter/helm-charts")
 
 # Neither operator publishes a Helm chart: Training Operator v1.9.4 is installed from its kustomize overlay,
-# pinned and patched in infra/manifests/training-operator; MPI Operator from its release manifest.
-TRAINING_OPERATOR_KUSTOMIZATION = str(Path(__file__).resolve().parent / "manifests" / "training-operator")
+# MPI Operator v0.8.0 from its release manifest, each pinned and patched in infra/manifests/<operator>.
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+TRAINING_OPERATOR_KUSTOMIZATION = str(MANIFESTS / "training-operator")
+MPI_OPERATOR_KUSTOMIZATION = str(MANIFESTS / "mpi-operator")
 MPI_OPERATOR_MANIFEST = "https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.0/deploy/v2beta1/mpi-operator.yaml"
 
 

@@ -10,12 +10,11 @@ import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
 from infra.config import ClusterConfig, GpuNodeGroupConfig, NodeGroupConfig
-from infra.conventions import GPU_TAINT_KEY, GPU_TAINT_VALUE
+from infra.conventions import GPU_TAINT_KEY, GPU_TAINT_VALUE, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT, LABEL_NODE_GROUP
 from infra.policies import service_assume_role_policy
 
 AMI_SYSTEM = "AL2023_x86_64_STANDARD"
 AMI_GPU = "AL2023_x86_64_NVIDIA"
-LABEL_NODE_GROUP = "gpuyard.io/node-group"
 LABEL_GPU_NODE = "gpuyard.io/gpu-node"
 LABEL_SYSTEM_NODE = "gpuyard.io/system-node"
 SYSTEM_NODES = {LABEL_SYSTEM_NODE: "true"}  # node selector for controllers (Karpenter, operators, Prometheus)
@@ -35,15 +34,40 @@ def gpu_node_taints() -> list[dict[str, str]]:
     return [{"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": "NO_SCHEDULE"}]
 
 
-def node_labels(group: NodeGroupConfig, gpu: bool) -> dict[str, str]:
-    return {**group.labels, LABEL_NODE_GROUP: group.name, LABEL_GPU_NODE if gpu else LABEL_SYSTEM_NODE: "true"}
+def node_labels(group: NodeGroupConfig) -> dict[str, str]:
+    """A group's own labels, its name, and what the DaemonSets serving it select (GPU and EFA presence)."""
+    labels = {**group.labels, LABEL_NODE_GROUP: group.name}
+    if isinstance(group, GpuNodeGroupConfig):
+        labels.update({LABEL_GPU_NODE: "true", LABEL_GPU_PRESENT: "true"})
+        if group.efa:
+            labels[LABEL_EFA_PRESENT] = "true"
+    else:
+        labels[LABEL_SYSTEM_NODE] = "true"
+    return labels
 
 
-def launch_template_spec(disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None) -> dict:
+def efa_network_interfaces(cards: int, security_group_id: pulumi.Input[str]) -> list[dict]:
+    """One EFA interface per network card: the primary on card 0 (device 0), the others device 1 of each card,
+    as terraform-aws-modules/terraform-aws-eks (modules/eks-managed-node-group/main.tf) lays them out."""
+    return [
+        {
+            "device_index": 0 if card == 0 else 1,
+            "network_card_index": card,
+            "interface_type": "efa",
+            "delete_on_termination": "true",
+            "security_groups": [security_group_id],
+        }
+        for card in range(cards)
+    ]
+
+
+def launch_template_spec(
+    disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None, efa_interfaces: int = 0
+) -> dict:
     """Launch template inputs for managed nodes: IMDSv2 only (hop limit 2 for pods), encrypted gp3 root.
 
-    With ``efa_security_group_id`` the primary interface is an EFA interface in that (cluster) security group,
-    which lets EFA traffic flow between the nodes.
+    With ``efa_interfaces`` the node gets that many EFA interfaces (one per network card) in the
+    ``efa_security_group_id`` (cluster) security group, which lets EFA traffic flow between the nodes.
     """
     spec: dict = {
         "metadata_options": {
@@ -58,16 +82,8 @@ def launch_template_spec(disk_gib: int, efa_security_group_id: pulumi.Input[str]
             }
         ],
     }
-    if efa_security_group_id is not None:
-        spec["network_interfaces"] = [
-            {
-                "device_index": 0,
-                "network_card_index": 0,
-                "interface_type": "efa",
-                "delete_on_termination": "true",
-                "security_groups": [efa_security_group_id],
-            }
-        ]
+    if efa_interfaces:
+        spec["network_interfaces"] = efa_network_interfaces(efa_interfaces, efa_security_group_id)
     return spec
 
 
@@ -250,7 +266,7 @@ class Cluster(pulumi.ComponentResource):
             ami_type=ami_type,
             scaling_config={"min_size": group.min_size, "desired_size": group.desired_size, "max_size": group.max_size},
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-            labels=node_labels(group, gpu=bool(taints)),
+            labels=node_labels(group),
             taints=taints,
             opts=pulumi.ResourceOptions.merge(
                 self._opts, pulumi.ResourceOptions(ignore_changes=["scalingConfig.desiredSize"])
@@ -270,7 +286,7 @@ class Cluster(pulumi.ComponentResource):
         self, cluster: aws.eks.Cluster, role: aws.iam.Role, group: GpuNodeGroupConfig
     ) -> aws.eks.NodeGroup:
         security_group = cluster.vpc_config.cluster_security_group_id if group.efa else None
-        spec = launch_template_spec(group.disk_gib, security_group)
+        spec = launch_template_spec(group.disk_gib, security_group, group.efa_interfaces)
         subnet_ids = self._args.private_subnet_ids
         if group.efa:
             placement = aws.ec2.PlacementGroup(f"{self._name}-{group.name}", strategy="cluster", opts=self._opts)

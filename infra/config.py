@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.validation import validation_message
 
 PROJECT = "gpuyard"
@@ -152,7 +153,21 @@ class GpuNodeGroupConfig(NodeGroupConfig):
         _check_families(self.instance_types, GPU_FAMILIES, "GPU")
         if self.efa:
             _check_families(self.instance_types, EFA_FAMILIES, "EFA-capable GPU")
+            efa_types = sorted(name for name, t in GPU_INSTANCE_TYPES.items() if t.efa)
+            for instance_type in self.instance_types:
+                if instance_type not in efa_types:
+                    raise ValueError(
+                        f"node group {self.name!r}: no EFA interface count known for {instance_type!r} "
+                        f"(EFA types: {', '.join(efa_types)})"
+                    )
+            if len({GPU_INSTANCE_TYPES[t].efa for t in self.instance_types}) > 1:
+                raise ValueError(f"node group {self.name!r}: EFA instance types with different network card counts")
         return self
+
+    @property
+    def efa_interfaces(self) -> int:
+        """EFA interfaces per node: one per network card of its instance type, 0 without EFA."""
+        return GPU_INSTANCE_TYPES[self.instance_types[0]].efa if self.efa else 0
 
 
 class ClusterConfig(Frozen):

@@ -12,16 +12,39 @@ GPU_TAINT_KEY = GPU_RESOURCE
 GPU_TAINT_VALUE = "true"
 GPU_TAINT_EFFECT = "NoSchedule"
 
+# On every GPU node (managed groups and NodePools): the NVIDIA device plugin chart 0.17.4 and the DCGM
+# exporter select it (NVIDIA/k8s-device-plugin, deployments/helm/nvidia-device-plugin/values.yaml, default
+# ``affinity``). NFD is not installed and AL2023's nodeadm sets it only from kubelet 1.35
+# (awslabs/amazon-eks-ami, nodeadm/internal/kubelet/config.go), so the stack labels GPU nodes itself.
+LABEL_GPU_PRESENT = "nvidia.com/gpu.present"
+# On every node with EFA interfaces: the EFA device plugin's node selector (aws/eks-charts,
+# stable/aws-efa-k8s-device-plugin); neither managed node groups nor Karpenter set it.
+LABEL_EFA_PRESENT = "vpc.amazonaws.com/efa.present"
+# EFA pods reserve 2 MiB huge pages for libfabric, as the AWS EKS user guide's EFA example does
+# (docs.aws.amazon.com/eks/latest/userguide/node-efa.html: ``hugepages-2Mi: 5120Mi``). Karpenter cannot size a
+# node for huge pages (kubernetes-sigs/karpenter#751, aws/karpenter-provider-aws#3315), so only pods on managed
+# EFA node groups request them; on Karpenter's EFA pool libfabric falls back to regular pages.
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+HUGEPAGES_EFA = "5120Mi"
+
 # Karpenter NodePools and the node labels that select them.
 NODEPOOL_GPU_ON_DEMAND = "gpu-on-demand"
 NODEPOOL_GPU_SPOT = "gpu-spot"
+NODEPOOL_GPU_EFA = "gpu-efa"
 NODEPOOL_CPU = "cpu"
+LABEL_NODE_GROUP = "gpuyard.io/node-group"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_INSTANCE_FAMILY = "karpenter.k8s.aws/instance-family"
 LABEL_NODEPOOL = "karpenter.sh/nodepool"
 LABEL_CAPACITY_TYPE = "karpenter.sh/capacity-type"
 ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
 # Gang scheduling.
 SCHEDULER_NAME = "volcano"
+# Volcano queue of a pod (volcano.sh/apis, pkg/apis/scheduling/v1beta1/labels.go QueueNameAnnotationKey).
+ANNOTATION_QUEUE_NAME = "scheduling.volcano.sh/queue-name"
+# Kubeflow Trainer v2: each team's namespaced TrainingRuntime for torchrun jobs (infra/trainer_runtime.py).
+TRAINING_RUNTIME = "torch-distributed"
 PRIORITY_CLASSES = {"gpuyard-high": 100000, "gpuyard-normal": 10000, "gpuyard-low": 1000}
 
 # Labels on every training pod; the PodMonitor selects on them.

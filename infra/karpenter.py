@@ -18,10 +18,16 @@ from infra.conventions import (
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
     LABEL_CAPACITY_TYPE,
+    LABEL_EFA_PRESENT,
+    LABEL_GPU_PRESENT,
+    LABEL_INSTANCE_FAMILY,
+    LABEL_INSTANCE_TYPE,
     NODEPOOL_CPU,
+    NODEPOOL_GPU_EFA,
     NODEPOOL_GPU_ON_DEMAND,
     NODEPOOL_GPU_SPOT,
 )
+from infra.instance_types import efa_types
 from infra.policies import (
     interruption_queue_policy,
     irsa_assume_role_policy,
@@ -60,23 +66,44 @@ def cpu_disruption() -> dict:
 
 
 def node_pool_spec(
-    name: str, *, capacity_types: list[str], families: tuple[str, ...], gpu: bool, limit: int, weight: int
+    name: str,
+    *,
+    capacity_types: list[str],
+    families: tuple[str, ...],
+    gpu: bool,
+    limit: int,
+    weight: int,
+    efa_instance_types: tuple[str, ...] = (),
 ) -> dict:
-    """The ``spec`` of one Karpenter NodePool: what it may launch, its taint, limits and disruption rules."""
+    """The ``spec`` of one Karpenter NodePool: what it may launch, its taint, labels, limits and disruption rules.
+
+    GPU pools label their nodes ``nvidia.com/gpu.present`` for the device plugin and the DCGM exporter.
+    With ``efa_instance_types`` the pool launches only those types and labels its nodes
+    ``vpc.amazonaws.com/efa.present`` for the EFA device plugin. Karpenter v1.14 attaches EFA interfaces (all of
+    the instance's, one per network card) to instances it launches for pods requesting ``vpc.amazonaws.com/efa``
+    (aws/karpenter-provider-aws, website/content/en/v1.14/concepts/scheduling.md; EKS user guide
+    "Manage EFA devices": "instances created for Pods that request vpc.amazonaws.com/efa have all interfaces
+    configured as EFA"), so only EFA jobs, which select this pool, land on it.
+    """
+    requirements = [
+        {"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": capacity_types},
+        {"key": LABEL_INSTANCE_FAMILY, "operator": "In", "values": list(families)},
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+        {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+    ]
+    if efa_instance_types:
+        requirements.append({"key": LABEL_INSTANCE_TYPE, "operator": "In", "values": list(efa_instance_types)})
     template_spec: dict = {
         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODE_CLASS},
-        "requirements": [
-            {"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": capacity_types},
-            {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": list(families)},
-            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
-            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
-        ],
+        "requirements": requirements,
         "expireAfter": "Never" if gpu else "720h",
     }
     labels = {"gpuyard.io/nodepool": name}
     if gpu:
         template_spec["taints"] = [gpu_taint()]
-        labels[LABEL_GPU_NODE] = "true"
+        labels.update({LABEL_GPU_NODE: "true", LABEL_GPU_PRESENT: "true"})
+    if efa_instance_types:
+        labels[LABEL_EFA_PRESENT] = "true"
     return {
         "weight": weight,
         "template": {"metadata": {"labels": labels}, "spec": template_spec},
@@ -86,7 +113,8 @@ def node_pool_spec(
 
 
 def node_pools(config: KarpenterConfig) -> dict[str, dict]:
-    """NodePool name -> spec: on-demand GPUs, spot GPUs (when enabled) and general CPU."""
+    """NodePool name -> spec: on-demand GPUs, spot GPUs (when enabled), EFA GPUs (when the families have
+    EFA types) and general CPU."""
     pools = {
         NODEPOOL_GPU_ON_DEMAND: node_pool_spec(
             NODEPOOL_GPU_ON_DEMAND, capacity_types=["on-demand"], families=config.gpu_families, gpu=True,
@@ -101,6 +129,12 @@ def node_pools(config: KarpenterConfig) -> dict[str, dict]:
         pools[NODEPOOL_GPU_SPOT] = node_pool_spec(
             NODEPOOL_GPU_SPOT, capacity_types=["spot"], families=config.gpu_families, gpu=True,
             limit=config.gpu_limit, weight=10,
+        )
+    efa = efa_types(config.gpu_families)
+    if efa:
+        pools[NODEPOOL_GPU_EFA] = node_pool_spec(
+            NODEPOOL_GPU_EFA, capacity_types=["on-demand"], families=tuple(sorted({t.family for t in efa})),
+            gpu=True, limit=config.gpu_limit, weight=5, efa_instance_types=tuple(t.name for t in efa),
         )
     return pools
 

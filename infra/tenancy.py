@@ -1,4 +1,5 @@
-"""Tenancy: per team a namespace with quota, limits, a Volcano queue, RBAC, an IRSA identity and isolation."""
+"""Tenancy: per team a namespace with quota, limits, a Volcano queue, RBAC, an IRSA identity, isolation and (with
+Trainer v2) the team's TrainingRuntime."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from infra.config import Team
 from infra.conventions import GPU_RESOURCE, LABEL_PART_OF, LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
+from infra.trainer_runtime import training_runtime
 
 JOB_GROUPS = ("kubeflow.org", "ray.io", "batch.volcano.sh", "trainer.kubeflow.org")
 
@@ -95,6 +97,8 @@ class TeamArgs:
     volcano: pulumi.Resource
     aws_provider: aws.Provider
     k8s_provider: kubernetes.Provider
+    trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime
+    trainer_image: str = ""
 
 
 class TeamTenancy(pulumi.ComponentResource):
@@ -119,6 +123,8 @@ class TeamTenancy(pulumi.ComponentResource):
         role = self._create_irsa_role()
         account = self._create_service_account(namespace, role)
         self._create_network_policy(namespace)
+        if args.trainer is not None:
+            self._create_training_runtime(namespace, args.trainer)
         self.namespace = namespace.metadata.name
         self.service_account = account.metadata.name
         self.queue = queue.metadata["name"]
@@ -227,6 +233,17 @@ class TeamTenancy(pulumi.ComponentResource):
         kubernetes.networking.v1.NetworkPolicy(
             f"{self._name}-isolation", metadata=self._metadata("deny-other-namespaces"), spec=team_network_policy_spec(),
             opts=self._k8s(namespace),
+        )
+
+    def _create_training_runtime(self, namespace: kubernetes.core.v1.Namespace, trainer: pulumi.Resource) -> None:
+        runtime = training_runtime(self._team, self._args.trainer_image)
+        kubernetes.apiextensions.CustomResource(
+            f"{self._name}-training-runtime",
+            api_version=runtime["apiVersion"],
+            kind=runtime["kind"],
+            metadata=runtime["metadata"],
+            spec=runtime["spec"],
+            opts=self._k8s(namespace, trainer),
         )
 
 

@@ -10,14 +10,14 @@ import yaml
 
 from infra_plans import kubernetes_manifests, planned
 
-CUSTOM_KINDS = {"NodePool", "EC2NodeClass", "Queue", "PodMonitor", "ClusterTrainingRuntime"}
+CUSTOM_KINDS = {"NodePool", "EC2NodeClass", "Queue", "PodMonitor", "TrainingRuntime"}
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
 def test_kubernetes_objects_pass_strict_validation(stack, validate_manifests, tmp_path):
     manifests = kubernetes_manifests(planned(stack))
     kinds = {m["kind"] for m in manifests}
-    assert CUSTOM_KINDS - {"ClusterTrainingRuntime"} <= kinds
+    assert CUSTOM_KINDS - {"TrainingRuntime"} <= kinds
     path = tmp_path / f"{stack}.yaml"
     path.write_text(yaml.safe_dump_all(manifests, sort_keys=True))
     result = subprocess.run(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.charts import KARPENTER, KUBEFLOW_TRAINER, KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
 from infra.config import load_stack
@@ -127,6 +128,7 @@ def test_node_pools_taints_limits_and_budgets(stack):
     config = load_stack(name)
     pools = {p.inputs["metadata"]["name"]: p.inputs["spec"] for p in of_type(resources, NODEPOOL)}
     expected = {"gpu-on-demand", "cpu"} | ({"gpu-spot"} if config.karpenter.spot else set())
+    expected |= {"gpu-efa"} if name == "prod" else set()  # prod's families have EFA types (p4d, p5)
     assert set(pools) == expected
     for pool in expected - {"cpu"}:
         spec = pools[pool]
@@ -169,11 +171,11 @@ def test_addon_charts_are_pinned_with_their_values(stack):
     assert prometheus["prometheus"]["prometheusSpec"]["podMonitorSelectorNilUsesHelmValues"] is False
     assert "dcgm-exporter" in releases
     assert releases["aws-efa-k8s-device-plugin"]["values"]["nodeSelector"] == {"vpc.amazonaws.com/efa.present": "true"}
-    (mpi,) = of_type(resources, "kubernetes:yaml/v2:ConfigFile")
-    assert mpi.inputs["file"] == MPI_OPERATOR_MANIFEST
-    (training,) = of_type(resources, "kubernetes:kustomize/v2:Directory")
-    assert training.inputs["directory"].endswith("/infra/manifests/training-operator")
-    assert (Path(training.inputs["directory"]) / "kustomization.yaml").is_file()
+    directories = {Path(d.inputs["directory"]).name: d for d in of_type(resources, "kubernetes:kustomize/v2:Directory")}
+    assert set(directories) == {"training-operator", "mpi-operator"}
+    mpi = yaml.safe_load((Path(directories["mpi-operator"].inputs["directory"]) / "kustomization.yaml").read_text())
+    assert mpi["resources"] == [MPI_OPERATOR_MANIFEST]
+    assert (Path(directories["training-operator"].inputs["directory"]) / "kustomization.yaml").is_file()
 
 
 def test_trainer_v2_follows_the_flag():
@@ -181,10 +183,12 @@ def test_trainer_v2_follows_the_flag():
     assert load_stack("dev").addons.trainer_v2 and not load_stack("prod").addons.trainer_v2
     assert KUBEFLOW_TRAINER.name in {r.inputs["chart"] for r in of_type(dev, RELEASE)}
     assert KUBEFLOW_TRAINER.name not in {r.inputs["chart"] for r in of_type(prod, RELEASE)}
-    (runtime,) = of_type(dev, "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
-    assert runtime.inputs["metadata"]["name"] == "torch-distributed"
-    assert runtime.inputs["spec"]["podGroupPolicy"] == {"volcano": {}}
-    assert not of_type(prod, "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime")
+    runtimes = of_type(dev, "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime")
+    assert {(r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]) for r in runtimes} == {
+        (team.namespace, "torch-distributed") for team in load_stack("dev").teams
+    }
+    assert all(r.inputs["spec"]["podGroupPolicy"] == {"volcano": {}} for r in runtimes)
+    assert not of_type(prod, "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime")
 
 
 def test_pod_monitor_and_dashboard(stack):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.addons import kuberay_values, torch_runtime_spec
+from infra.addons import kuberay_values
 from infra.charts import TRAINING_OPERATOR_KUSTOMIZATION
 from infra.cluster import gpu_node_taints, kubeconfig, launch_template_spec
 from infra.config import KarpenterConfig, Team, load_stack
@@ -30,6 +30,7 @@ from infra.policies import (
 )
 from infra.storage import checkpoint_lifecycle_rules
 from infra.tenancy import team_network_policy_spec, team_queue_spec, team_quota
+from infra.trainer_runtime import training_runtime_spec
 from infra_plans import kubernetes_manifests, planned
 
 GOLDEN = Path(__file__).parent / "golden" / "infra"
@@ -83,14 +84,16 @@ def test_bucket_policy_denies_plain_http():
     assert statement["Condition"]["Bool"]["aws:SecureTransport"] == "false"
 
 
-@pytest.mark.parametrize("security_group", [None, "sg-1"])
-def test_launch_template_requires_imdsv2_and_encrypts_root(security_group):
-    spec = launch_template_spec(200, security_group)
+@pytest.mark.parametrize(("security_group", "cards"), [(None, 0), ("sg-1", 1), ("sg-1", 4), ("sg-1", 32)])
+def test_launch_template_requires_imdsv2_encrypts_root_and_has_one_efa_interface_per_card(security_group, cards):
+    spec = launch_template_spec(200, security_group, cards)
     assert spec["metadata_options"]["http_tokens"] == "required"
     assert spec["block_device_mappings"][0]["ebs"]["encrypted"] == "true"
-    if security_group:
-        (interface,) = spec["network_interfaces"]
-        assert (interface["interface_type"], interface["security_groups"]) == ("efa", ["sg-1"])
+    if cards:
+        interfaces = spec["network_interfaces"]
+        assert [i["network_card_index"] for i in interfaces] == list(range(cards))
+        assert [i["device_index"] for i in interfaces] == [0] + [1] * (cards - 1)
+        assert {(i["interface_type"], tuple(i["security_groups"])) for i in interfaces} == {("efa", ("sg-1",))}
     else:
         assert "network_interfaces" not in spec
 
@@ -115,9 +118,27 @@ def test_node_pool_spec(gpu, policy):
 
 @pytest.mark.parametrize(("spot", "pools"), [(True, {"gpu-on-demand", "gpu-spot", "cpu"}), (False, {"gpu-on-demand", "cpu"})])
 def test_spot_pool_follows_config(spot, pools):
-    specs = node_pools(KarpenterConfig(spot=spot))
+    specs = node_pools(KarpenterConfig(spot=spot, gpu_families=("g5", "g6")))
     assert set(specs) == pools
     assert specs["cpu"]["template"]["spec"]["requirements"][0]["values"] == (["spot", "on-demand"] if spot else ["on-demand"])
+
+
+@pytest.mark.parametrize(("families", "efa_types"), [
+    (("g5", "g6"), None),
+    (("g6e", "p4d", "p5"), ["p4d.24xlarge", "p5.48xlarge"]),
+    (("p5", "p5en"), ["p5.48xlarge", "p5en.48xlarge"]),
+])
+def test_efa_pool_launches_only_efa_types_and_labels_them_for_the_plugin(families, efa_types):
+    specs = node_pools(KarpenterConfig(gpu_families=families))
+    if efa_types is None:
+        assert "gpu-efa" not in specs
+        return
+    template = specs["gpu-efa"]["template"]
+    (types,) = [r["values"] for r in template["spec"]["requirements"] if r["key"] == "node.kubernetes.io/instance-type"]
+    assert types == efa_types
+    assert template["metadata"]["labels"]["vpc.amazonaws.com/efa.present"] == "true"
+    assert {r["values"][0] for r in template["spec"]["requirements"] if r["key"] == "karpenter.sh/capacity-type"} == {"on-demand"}
+    assert all("vpc.amazonaws.com/efa.present" not in specs[p]["template"]["metadata"]["labels"] for p in specs if p != "gpu-efa")
 
 
 def test_node_class_selects_discovery_subnets_and_cluster_security_group():
@@ -142,9 +163,13 @@ def test_network_policy_admits_only_own_namespace_and_prometheus():
 
 def test_addon_specs():
     assert kuberay_values()["batchScheduler"] == {"name": "volcano"}
-    runtime = torch_runtime_spec("reg/ddp:1")
-    container = runtime["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    team = Team(name="a", priority_class="gpuyard-high")
+    runtime = training_runtime_spec(team, "reg/ddp:1")
+    pod = runtime["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     assert container["image"] == "reg/ddp:1" and container["ports"][0]["name"] == "metrics"
+    assert (pod["schedulerName"], pod["priorityClassName"]) == ("volcano", "gpuyard-high")
+    assert runtime["template"]["metadata"]["annotations"] == {"scheduling.volcano.sh/queue-name": "a"}
     assert training_pod_monitor_spec()["podMetricsEndpoints"][0]["port"] == "metrics"
     assert checkpoint_lifecycle_rules(9)[0]["noncurrent_version_expiration"] == {"noncurrent_days": 9}
 
@@ -173,10 +198,10 @@ def test_training_operator_overlay_gang_schedules_with_volcano_and_leaves_mpijob
     )
 
 
-@pytest.mark.parametrize("kind", ["NodePool", "EC2NodeClass", "Queue", "PodMonitor", "ClusterTrainingRuntime"])
+@pytest.mark.parametrize("kind", ["NodePool", "EC2NodeClass", "Queue", "PodMonitor", "TrainingRuntime"])
 def test_dev_custom_resources_match_their_golden(kind):
     manifests = [m for m in kubernetes_manifests(planned("dev")) if m["kind"] == kind]
-    text = yaml.safe_dump_all(sorted(manifests, key=lambda m: m["metadata"]["name"]), sort_keys=True)
+    text = yaml.safe_dump_all(sorted(manifests, key=lambda m: (m["metadata"].get("namespace", ""), m["metadata"]["name"])), sort_keys=True)
     path = GOLDEN / f"dev-{kind.lower()}.yaml"
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)

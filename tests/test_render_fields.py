@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import parse_stack
+from infra.config import Team, parse_stack
 from infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     GPU_TAINT_KEY,
@@ -348,10 +348,11 @@ def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
 
 
 def test_trainjob_names_the_runtime_the_stack_creates():
-    from infra.addons import TORCH_RUNTIME, torch_runtime_spec  # the Pulumi side, imported only here
+    from infra.conventions import TRAINING_RUNTIME
+    from infra.trainer_runtime import training_runtime_spec  # the Pulumi side, imported only here
     from jobs.render.trainjob import NODE_JOB, RUNTIME
 
-    assert RUNTIME == TORCH_RUNTIME
-    replicated = torch_runtime_spec("img")["template"]["spec"]["replicatedJobs"][0]
+    assert RUNTIME == TRAINING_RUNTIME
+    replicated = training_runtime_spec(Team(name="t"), "img")["template"]["spec"]["replicatedJobs"][0]
     assert replicated["name"] == NODE_JOB
     assert replicated["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == NODE_JOB

@@ -1,0 +1,68 @@
+"""Each team's Kubeflow Trainer v2 TrainingRuntime: torchrun jobs gang-scheduled by Volcano in the team's queue.
+
+Trainer v2.3.0's Volcano plugin (kubeflow/trainer, pkg/runtime/framework/plugins/volcano/volcano.go) creates
+the PodGroup for runtimes with ``podGroupPolicy.volcano`` but sets no ``schedulerName``, takes the queue only
+from the runtime template's ``scheduling.volcano.sh/queue-name`` annotation (pkg/runtime/core/
+trainingruntime.go, ``newRuntimeInfo``), and the priority from the pod template's ``priorityClassName``; a
+TrainJob cannot carry a priority class. So the runtime, one per team in its namespace, carries all three.
+"""
+
+from __future__ import annotations
+
+from infra.config import Team
+from infra.conventions import (
+    ANNOTATION_QUEUE_NAME,
+    GPU_TAINT_EFFECT,
+    GPU_TAINT_KEY,
+    LABEL_PART_OF,
+    LABEL_TEAM,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    PART_OF,
+    SCHEDULER_NAME,
+    TRAINING_RUNTIME,
+)
+from infra.operators import TRAINER_PODGROUP_POLICY
+
+# The container Trainer v2 fills from the TrainJob (image, command, resourcesPerNode) is named "node"
+# (pkg/constants: Node), in the replicated job whose ancestor label is "trainer".
+NODE = "node"
+LABEL_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+
+
+def runtime_labels(team: Team) -> dict[str, str]:
+    return {"trainer.kubeflow.org/framework": "torch", LABEL_PART_OF: PART_OF, LABEL_TEAM: team.name}
+
+
+def training_runtime_spec(team: Team, image: str) -> dict:
+    """The TrainingRuntime spec for ``team``: Volcano scheduler, the team's queue and priority, GPU toleration."""
+    container = {"name": NODE, "image": image, "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}]}
+    pod_spec = {
+        "schedulerName": SCHEDULER_NAME,
+        "priorityClassName": team.priority_class,
+        "serviceAccountName": team.service_account,
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}],
+        "containers": [container],
+    }
+    job = {
+        "metadata": {"labels": {LABEL_PART_OF: PART_OF, LABEL_ANCESTOR: "trainer"}},
+        "spec": {"template": {"metadata": {"labels": {LABEL_PART_OF: PART_OF}}, "spec": pod_spec}},
+    }
+    return {
+        "mlPolicy": {"numNodes": 1, "torch": {}},
+        "podGroupPolicy": TRAINER_PODGROUP_POLICY,
+        "template": {
+            "metadata": {"annotations": {ANNOTATION_QUEUE_NAME: team.queue}},
+            "spec": {"replicatedJobs": [{"name": NODE, "replicas": 1, "template": job}]},
+        },
+    }
+
+
+def training_runtime(team: Team, image: str) -> dict:
+    """The whole TrainingRuntime object of ``team`` (name ``TRAINING_RUNTIME`` in the team's namespace)."""
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": TRAINING_RUNTIME, "namespace": team.namespace, "labels": runtime_labels(team)},
+        "spec": training_runtime_spec(team, image),
+    }
