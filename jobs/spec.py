@@ -7,13 +7,14 @@ and the renderers in ``jobs.render`` only translate it, never look anything up.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.config import DNS1123_LABEL, StackConfig, Team
 from infra.validation import validation_message
-from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
+from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_EFA, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
 from infra.images import image_ref
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
@@ -37,6 +38,16 @@ _DERIVED_NAME = {
     "trainjob": "{name}-node-0-{i}",  # JobSet "<job>-<replicatedJob>-<jobIndex>-<podIndex>"
 }
 MAX_LABEL = 63
+# Every operator validates the job's name as a DNS-1035 label (a letter first): Training Operator v1.9.4
+# (pkg/webhooks/pytorch/pytorchjob_webhook.go, validation.IsDNS1035Label), MPI Operator v0.8.0
+# (pkg/apis/kubeflow/validation/validation.go, "<name>-worker-<n>" as DNS-1035), KubeRay v1.7.0
+# (ray-operator/controllers/ray/utils/validation.go, ValidateRayJobMetadata: DNS-1035 and at most
+# MaxRayJobNameLength = 47 characters, so "<job>-<5 random>" and its Services stay labels).
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME = {"rayjob": 47}
+# Volcano counts job restarts, not container restarts, toward maxRetry: a bound keeps a failing gang from
+# holding its GPUs forever.
+MAX_RESTARTS = 10
 
 # Per-GPU defaults sized to fit the smallest GPU node (g5.xlarge: 4 vCPU, 16 GiB) after
 # kubelet and DaemonSet reservations; CPU-only jobs get a small slice of a cpu node.
@@ -44,6 +55,9 @@ CPU_PER_GPU = 3
 MEMORY_GIB_PER_GPU = 12
 CPU_ONLY_CPU = 2
 CPU_ONLY_MEMORY_GIB = 8
+# Helper pods only coordinate (mpirun/ssh, the Ray GCS and driver): a small fixed slice.
+HELPER_CPU = "1"
+HELPER_MEMORY_GIB = 4
 
 DEFAULT_NODES = 2
 DEFAULT_GPUS_PER_NODE = 1
@@ -69,7 +83,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Annotated[str, Field(pattern=DNS1123_LABEL, max_length=MAX_LABEL)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_LABEL)]
     team: Annotated[str, Field(pattern=DNS1123_LABEL)]
     kind: Kind
     nodes: Annotated[int, Field(ge=1)]
@@ -83,13 +97,25 @@ class JobSpec(BaseModel):
     args: tuple[str, ...]
     env: dict[EnvName, str] = {}
     checkpoint_uri: str
-    max_restarts: Annotated[int, Field(ge=0)] = 3
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     capacity_type: CapacityType = "on-demand"
     node_pool: Annotated[str, Field(pattern=DNS1123_LABEL)]
+    # Set by jobs.placement from the stack: the pool is a managed node group (else a Karpenter NodePool),
+    # and the instance family the whole gang stays on.
+    node_group: bool = False
+    instance_family: str | None = None
     ttl_seconds_after_finished: Annotated[int, Field(ge=0)] = DEFAULT_TTL_SECONDS
 
     @model_validator(mode="after")
     def _check(self) -> "JobSpec":
+        if not re.fullmatch(DNS1035_LABEL, self.name):
+            raise ValueError(
+                f"name {self.name!r} is not a DNS-1035 label (lowercase letters, digits and '-', "
+                "starting with a letter, ending with a letter or digit): the operators refuse it"
+            )
+        limit = MAX_NAME.get(self.kind)
+        if limit and len(self.name) > limit:
+            raise ValueError(f"name {self.name!r} has {len(self.name)} characters: a {self.kind} name has at most {limit}")
         if self.min_nodes > self.nodes:
             raise ValueError(f"elastic min nodes {self.min_nodes} > max nodes {self.nodes}")
         if self.elastic and self.kind not in ELASTIC_KINDS:
@@ -149,10 +175,12 @@ def default_image(config: StackConfig, team: Team, kind: Kind) -> str:
     return image_ref(config, image)
 
 
-def default_node_pool(gpus_per_node: int, capacity_type: CapacityType) -> str:
+def default_node_pool(gpus_per_node: int, capacity_type: CapacityType, efa_devices: int = 0) -> str:
     if not gpus_per_node:
         return NODEPOOL_CPU
-    return NODEPOOL_GPU_SPOT if capacity_type == "spot" else NODEPOOL_GPU_ON_DEMAND
+    if capacity_type == "spot":
+        return NODEPOOL_GPU_SPOT
+    return NODEPOOL_GPU_EFA if efa_devices else NODEPOOL_GPU_ON_DEMAND
 
 
 def checkpoint_uri(config: StackConfig, team: Team, name: str) -> str:
@@ -198,7 +226,7 @@ def build_spec(
         "memory_gib": MEMORY_GIB_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_MEMORY_GIB,
         "image": default_image(config, team, kind), "module": module, "args": args,
         "checkpoint_uri": ckpt, "capacity_type": capacity_type,
-        "node_pool": default_node_pool(gpus_per_node, capacity_type),
+        "node_pool": default_node_pool(gpus_per_node, capacity_type, fields.get("efa_devices") or 0),
     }
     values.update({key: value for key, value in fields.items() if value is not None})
     try:

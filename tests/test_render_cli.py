@@ -18,11 +18,11 @@ def gpuyard(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_stdout_is_one_manifest():
-    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--nodes", "3", "--gpus-per-node", "4")
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--nodes", "2", "--gpus-per-node", "4")
     assert result.returncode == 0, result.stderr
     manifest = yaml.safe_load(result.stdout)
     assert (manifest["kind"], manifest["metadata"]["namespace"]) == ("MPIJob", "team-nlp")
-    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
 
 
 def test_all_on_stdout_is_one_document_per_manifest():
@@ -33,8 +33,8 @@ def test_all_on_stdout_is_one_document_per_manifest():
 
 
 def test_options_reach_the_manifest():
-    result = gpuyard("--team", "vision", "--kind", "pytorchjob", "--name", "bert", "--nodes", "2:8",
-                     "--gpus-per-node", "8", "--efa", "4", "--capacity-type", "spot", "-e", "NCCL_DEBUG=INFO",
+    result = gpuyard("--stack", "prod", "--team", "vision", "--kind", "pytorchjob", "--name", "bert", "--nodes", "2:8",
+                     "--gpus-per-node", "8", "--efa", "4", "-e", "NCCL_DEBUG=INFO",
                      "--epochs", "3", "--max-restarts", "5", "--ttl", "60")
     assert result.returncode == 0, result.stderr
     manifest = yaml.safe_load(result.stdout)
@@ -44,12 +44,24 @@ def test_options_reach_the_manifest():
     assert (spec["runPolicy"]["backoffLimit"], spec["runPolicy"]["ttlSecondsAfterFinished"]) == (5, 60)
     pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     trainer = pod["containers"][0]
-    assert pod["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
+    assert pod["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-efa", "karpenter.sh/capacity-type": "on-demand",
+                                   "karpenter.k8s.aws/instance-family": "p4d"}
     assert trainer["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
+    assert "hugepages-2Mi" not in trainer["resources"]["limits"]  # Karpenter cannot size nodes for huge pages
     env = {item["name"]: item["value"] for item in trainer["env"]}
-    assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa"
+    assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa" and env["NCCL_NET"] == "AWS Libfabric"
     args = parse_args(trainer["args"])
-    assert args.total_epochs == 3 and args.checkpoint_uri == "s3://gpuyard-dev-checkpoints/teams/vision/bert"
+    assert args.total_epochs == 3 and args.checkpoint_uri == "s3://gpuyard-prod-checkpoints/teams/vision/bert"
+
+
+def test_jobs_can_target_prods_reserved_node_group():
+    result = gpuyard("--stack", "prod", "--team", "nlp", "--kind", "mpijob", "--nodes", "2", "--gpus-per-node", "8",
+                     "--efa", "4", "--node-pool", "gpu-a100")
+    assert result.returncode == 0, result.stderr
+    worker = yaml.safe_load(result.stdout)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["nodeSelector"] == {"gpuyard.io/node-group": "gpu-a100"}
+    limits = worker["containers"][0]["resources"]["limits"]
+    assert (limits["vpc.amazonaws.com/efa"], limits["hugepages-2Mi"]) == ("4", "5120Mi")
 
 
 def test_all_writes_the_golden_files(tmp_path):
@@ -73,6 +85,24 @@ def test_all_writes_the_golden_files(tmp_path):
     (["--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "1.5"], "--gpus-per-node"),
     (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "elastic min nodes 4 > max nodes 2"),
     (["--team", "nlp", "--kind", "mpijob", "--name", "Big_Job"], "name"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--name", "1st-run"], "'1st-run' is not a DNS-1035 label"),
+    (["--team", "nlp", "--kind", "rayjob", "--name", "r" * 48], "a rayjob name has at most 47"),
+    (["--team", "vision", "--kind", "pytorchjob", "--nodes", "2:8", "--gpus-per-node", "8", "--efa", "4"],
+     "--efa 4: stack 'dev' has no EFA NodePool"),
+    (["--team", "vision", "--kind", "pytorchjob", "--nodes", "2:8", "--gpus-per-node", "8"],
+     "pool gpu-on-demand holds at most 8 GPUs (gpuyard:karpenter.gpu_limit); team vision's ResourceQuota and queue "
+     "vision allow 16 GPUs (gang: 64)"),
+    (["--stack", "prod", "--team", "nlp", "--kind", "pytorchjob", "--capacity-type", "spot"],
+     "--capacity-type spot: stack 'prod' has no spot GPU NodePool"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--node-pool", "nonexistent"],
+     "--node-pool nonexistent: stack 'dev' has no GPU pool of that name"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--gpus-per-node", "16"],
+     "--gpus-per-node 16: no instance type of pool gpu-on-demand has that many GPUs per node (at most 8"),
+    (["--stack", "prod", "--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "8", "--efa", "32",
+      "--node-pool", "gpu-a100"], "--efa 32: no instance type of pool gpu-a100 has that many EFA interfaces"),
+    (["--stack", "prod", "--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "8", "--efa", "4",
+      "--node-pool", "gpu-on-demand"], "--efa 4: pool gpu-on-demand has no EFA interfaces"),
+    (["--team", "nlp", "--kind", "volcanojob", "--max-restarts", "100"], "max_restarts"),
     (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
     (["--stack", "prod", "--team", "nlp", "--kind", "trainjob"], "does not install Kubeflow Trainer v2"),
     (["--team", "nlp"], "--team and --kind are required"),

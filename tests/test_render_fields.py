@@ -1,6 +1,8 @@
 """One test per JobSpec field or rendering rule that matters on a cluster."""
 
 import shlex
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,9 @@ from infra.conventions import (
 )
 from infra.images import image_ref
 from jobs.render import render, write_manifests
-from jobs.spec import KINDS, SpecError, parse_env, parse_nodes, trainer_args
+from jobs.local_aws import free_port
+from jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS, wait_for_sshd
+from jobs.spec import KINDS, MAX_RESTARTS, SpecError, parse_env, parse_nodes, trainer_args
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 from render_helpers import (
     STACK,
@@ -70,7 +74,9 @@ def test_torchrun_runs_the_trainer_module(kind):
 def test_mpirun_runs_the_trainer_module(kind):
     launcher = next(pod for role, _, pod in pod_templates(rendered(kind)) if role in ("launcher", "mpimaster"))
     command = launcher["spec"]["containers"][0]["command"]
-    assert command[0] == "mpirun" and command[-3:] == ["python3", "-m", TRAIN_MODULE]
+    assert "mpirun" in command and command[-3:] == ["python3", "-m", TRAIN_MODULE]
+    mpirun = command[command.index("mpirun"):]
+    assert mpirun[mpirun.index("plm_rsh_args") + 1].startswith(f"-p {SSH_PORT} ")  # sshd's port, explicit
 
 
 def test_ray_entrypoint_runs_the_ray_entry_on_every_gpu():
@@ -139,7 +145,6 @@ def test_volcano_job_gangs_every_pod_with_policies():
     spec = rendered("volcanojob", nodes=2)["spec"]
     assert spec["minAvailable"] == 3 and spec["schedulerName"] == "volcano" and spec["queue"] == "vision"
     assert set(spec["plugins"]) == {"ssh", "svc"}
-    assert spec["policies"] == [{"event": "PodEvicted", "action": "RestartJob"}]
     master = spec["tasks"][0]
     assert master["name"] == "mpimaster" and master["policies"] == [{"event": "TaskCompleted", "action": "CompleteJob"}]
     command = master["template"]["spec"]["containers"][0]["command"]
@@ -147,10 +152,48 @@ def test_volcano_job_gangs_every_pod_with_policies():
     assert hosts.split(",") == [f"vision-volcanojob-mpiworker-{i}.vision-volcanojob:1" for i in range(2)]
 
 
+def test_a_failing_volcano_job_restarts_whole_a_bounded_number_of_times():
+    """Container restarts never count toward maxRetry: pods never restart in place, a failed pod restarts the job."""
+    spec = rendered("volcanojob", nodes=2, max_restarts=4)["spec"]
+    assert spec["maxRetry"] == 4
+    assert {(p["event"], p["action"]) for p in spec["policies"]} == {("PodFailed", "RestartJob"), ("PodEvicted", "RestartJob")}
+    assert {task["template"]["spec"]["restartPolicy"] for task in spec["tasks"]} == {"Never"}
+    with pytest.raises(SpecError, match="max_restarts"):
+        rendered("volcanojob", max_restarts=MAX_RESTARTS + 1)
+
+
+def test_the_volcano_launcher_waits_for_every_worker_sshd_within_a_bound():
+    spec = rendered("volcanojob", nodes=2)["spec"]
+    master, worker = spec["tasks"]
+    command = master["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["bash", "-c"] and command[3] == "wait-for-sshd" and command[4] == "mpirun"
+    script = command[2]
+    assert f"SECONDS + {SSHD_WAIT_SECONDS}" in script and f"/{SSH_PORT})" in script and 'exec "$@"' in script
+    assert all(f"vision-volcanojob-mpiworker-{i}.vision-volcanojob" in script for i in range(2))
+    assert worker["template"]["spec"]["containers"][0]["args"] == ["worker", "-p", str(SSH_PORT)]
+
+
+def test_the_sshd_wait_gives_up_naming_the_host(tmp_path):
+    """The prefix run for real: no sshd listens, so it fails within its bound, naming the host."""
+    prefix = wait_for_sshd(["127.0.0.1"], port=free_port(), seconds=1)
+    result = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "sshd of 127.0.0.1:" in result.stderr and "not reachable after 1s" in result.stderr
+
+
+def test_the_sshd_wait_runs_the_launcher_once_the_port_answers():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        prefix = wait_for_sshd(["127.0.0.1"], port=server.getsockname()[1], seconds=5)
+        result = subprocess.run([*prefix, "echo", "launched"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout == "launched\n"
+
+
 def test_rayjob_is_volcano_scheduled_and_cleans_up():
     manifest = rendered("rayjob", nodes=3, ttl_seconds_after_finished=120)
     labels = manifest["metadata"]["labels"]
-    assert labels["ray.io/scheduler-name"] == "volcano" and labels["volcano.sh/queue-name"] == "vision"
+    assert labels["volcano.sh/queue-name"] == "vision" and labels["ray.io/priority-class-name"] == "gpuyard-normal"
+    assert "ray.io/scheduler-name" not in labels  # KubeRay 1.7 never reads it: --batch-scheduler=volcano does
     spec = manifest["spec"]
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 120
     group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
@@ -160,7 +203,7 @@ def test_rayjob_is_volcano_scheduled_and_cleans_up():
 def test_trainjob_references_the_runtime_and_sizes_nodes():
     spec = rendered("trainjob", nodes=4, gpus_per_node=2)["spec"]
     assert spec["runtimeRef"]["name"] == "torch-distributed"
-    assert spec["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+    assert spec["runtimeRef"]["kind"] == "TrainingRuntime"  # the team's, in its namespace, queue and priority
     assert (spec["trainer"]["numNodes"], spec["trainer"]["numProcPerNode"]) == (4, 2)
 
 

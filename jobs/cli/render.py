@@ -8,6 +8,7 @@ import typer
 
 from infra.config import ConfigError, load_stack
 from jobs.cli.errors import fail
+from jobs.placement import place
 from jobs.render import default_specs, render_specs, to_yaml, write_manifests
 from jobs.spec import (
     DEFAULT_EPOCHS,
@@ -26,14 +27,16 @@ def render_command(
     team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),
     kind: str | None = typer.Option(None, "--kind", help=f"Job kind: {' | '.join(KINDS)}."),
     all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
-    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1123 label; default <team>-<kind>)."),
+    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label; default <team>-<kind>)."),
     nodes: str = typer.Option(str(DEFAULT_NODES), "--nodes", help="Nodes N, or MIN:MAX for an elastic PyTorchJob."),
     gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", min=0, help="GPUs per node (0 = CPU)."),
     cpu: float | None = typer.Option(None, "--cpu", help="CPUs per node (default 3 per GPU, 2 on CPU)."),
     memory_gib: int | None = typer.Option(None, "--memory-gib", help="Memory per node in GiB."),
     efa: int | None = typer.Option(None, "--efa", help="EFA devices per node (sets FI_PROVIDER=efa)."),
     capacity_type: str = typer.Option("on-demand", "--capacity-type", help="on-demand | spot."),
-    node_pool: str | None = typer.Option(None, "--node-pool", help="Karpenter NodePool (default from GPUs/capacity)."),
+    node_pool: str | None = typer.Option(
+        None, "--node-pool", help="Karpenter NodePool or managed GPU node group (default from GPUs/EFA/capacity)."
+    ),
     image: str | None = typer.Option(None, "--image", help="Container image (default the kind's gpuyard image)."),
     epochs: int = typer.Option(DEFAULT_EPOCHS, "--epochs", help="Trainer epochs."),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help="Restarts before the job fails."),
@@ -52,12 +55,12 @@ def render_command(
             if not team or not kind:
                 raise SpecError("--team and --kind are required (or --all)")
             min_nodes, max_nodes = parse_nodes(nodes)
-            specs = [build_spec(
+            specs = [place(config, build_spec(
                 config, config.team(team), kind, name=name, nodes=max_nodes, min_nodes=min_nodes,
                 gpus_per_node=gpus_per_node, capacity_type=capacity_type, epochs=epochs, cpu=cpu,
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool, image=image,
                 max_restarts=max_restarts, ttl_seconds_after_finished=ttl, env=parse_env(env) or None,
-            )]
+            ))]
         rendered = render_specs(config, specs)
     except (ConfigError, SpecError) as error:
         fail(str(error))

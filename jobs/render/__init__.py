@@ -16,6 +16,7 @@ import yaml
 
 from infra.config import StackConfig, Team
 from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
+from jobs.placement import place
 from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
 
 RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
@@ -48,8 +49,8 @@ def manifest_path(spec: JobSpec) -> Path:
 
 
 def default_specs(config: StackConfig) -> list[JobSpec]:
-    """One job of each kind the stack runs, per team, at the default size."""
-    return [build_spec(config, team, kind) for team in config.teams for kind in stack_kinds(config)]
+    """One job of each kind the stack runs, per team, at the default size, placed on the stack."""
+    return [place(config, build_spec(config, team, kind)) for team in config.teams for kind in stack_kinds(config)]
 
 
 def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:

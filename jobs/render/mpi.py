@@ -1,7 +1,8 @@
 """What MPIJob and Volcano Job share: mpirun on a CPU launcher, sshd on the workers.
 
 The paths, user and port are the ``mpi`` image's (images/mpi): uid 1000 ``gpuyard``,
-the job's SSH secret in ``/home/gpuyard/.ssh``, sshd on the unprivileged port 2222.
+the job's SSH secret in ``/home/gpuyard/.ssh``, sshd on the unprivileged port 2222, which the
+templates also pass explicitly (sshd ``-p``, mpirun's ``plm_rsh_args``).
 Remote ranks start from sshd with a clean environment, so mpirun exports the
 rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
 """
@@ -11,6 +12,8 @@ from jobs.spec import JobSpec
 
 SSH_DIR = "/home/gpuyard/.ssh"
 SSH_PORT = 2222
+# How long a Volcano Job's launcher waits for every worker's sshd before it fails (and the job restarts).
+SSHD_WAIT_SECONDS = 300
 ENTRYPOINT = "/opt/gpuyard/mpi/entrypoint.sh"
 MASTER_PORT = 29500
 # Injected by the EKS pod identity webhook into pods of the team's (IRSA) service account.
@@ -29,7 +32,8 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
     ``hosts`` lists the workers when no hostfile is provided (Volcano); the MPI Operator
     points mpirun at its own hostfile.
     """
-    command = ["mpirun", "-np", str(spec.nodes * spec.procs_per_node), "--bind-to", "none", "--map-by", "slot"]
+    command = ["mpirun", "-np", str(spec.nodes * spec.procs_per_node), "--bind-to", "none", "--map-by", "slot",
+               "--mca", "plm_rsh_args", f"-p {SSH_PORT} -o ConnectionAttempts=10"]
     if hosts:
         command += ["--host", ",".join(f"{host}:{spec.procs_per_node}" for host in hosts)]
     for name in (*env, *IRSA_ENV):
@@ -37,10 +41,29 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
     return [*command, "python3", "-m", spec.module]
 
 
-def launcher_container(name: str, spec: JobSpec, master_addr: str, hosts: list[str] | None = None) -> dict:
+def wait_for_sshd(hosts: list[str], port: int = SSH_PORT, seconds: int = SSHD_WAIT_SECONDS) -> list[str]:
+    """A bash prefix that waits until every host accepts TCP on ``port``, for at most ``seconds``, then runs
+    its arguments; past the deadline it names the host and exits 1."""
+    script = (
+        f"deadline=$((SECONDS + {seconds})); "
+        f"for host in {' '.join(hosts)}; do "
+        f"until (exec 3<>/dev/tcp/$host/{port}) 2>/dev/null; do "
+        f"if ((SECONDS >= deadline)); then echo \"sshd of $host:{port} not reachable after {seconds}s\" >&2; exit 1; fi; "
+        "sleep 2; done; done; "
+        'exec "$@"'
+    )
+    return ["bash", "-c", script, "wait-for-sshd"]
+
+
+def launcher_container(
+    name: str, spec: JobSpec, master_addr: str, hosts: list[str] | None = None, *, wait: bool = False
+) -> dict:
+    """The launcher's mpirun; with ``wait`` (no operator gating the launcher) it first waits for the workers' sshd."""
     env = launcher_env(spec, master_addr)
-    return container(name, spec.image, helper_resources(),
-                     command=mpirun_command(spec, env, hosts), args=list(spec.args), env=env)
+    command = mpirun_command(spec, env, hosts)
+    if wait:
+        command = wait_for_sshd(hosts or []) + command
+    return container(name, spec.image, helper_resources(), command=command, args=list(spec.args), env=env)
 
 
 def worker_container(name: str, spec: JobSpec) -> dict:
@@ -49,7 +72,7 @@ def worker_container(name: str, spec: JobSpec) -> dict:
     No env here: the ranks sshd starts get theirs from mpirun's ``-x``.
     """
     ssh_port = {"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}
-    worker = container(name, spec.image, trainer_resources(spec), command=[ENTRYPOINT], args=["worker"],
-                       ports=[ssh_port, metrics_port()])
+    worker = container(name, spec.image, trainer_resources(spec), command=[ENTRYPOINT],
+                       args=["worker", "-p", str(SSH_PORT)], ports=[ssh_port, metrics_port()])
     worker["readinessProbe"] = {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2}
     return worker

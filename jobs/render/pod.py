@@ -14,15 +14,19 @@ from infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     EFA_RESOURCE,
     GPU_RESOURCE,
+    HUGEPAGES_EFA,
+    HUGEPAGES_RESOURCE,
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
     LABEL_CAPACITY_TYPE,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
+    LABEL_INSTANCE_FAMILY,
     LABEL_JOB,
     LABEL_MANAGED_BY,
     LABEL_NAME,
+    LABEL_NODE_GROUP,
     LABEL_NODEPOOL,
     LABEL_PART_OF,
     LABEL_TEAM,
@@ -31,7 +35,7 @@ from infra.conventions import (
     NODEPOOL_CPU,
     PART_OF,
 )
-from jobs.spec import JobSpec
+from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
 # The non-root user of the gpuyard images (images/*: uid 1000, the Ray base's ``ray`` user too);
 # its group comes from the image, fsGroup makes mounted secrets and tokens readable.
@@ -39,16 +43,20 @@ RUN_AS_USER = 1000
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 
-# Helper pods only coordinate (mpirun/ssh, the Ray GCS and driver): a small fixed slice.
-HELPER_CPU = "1"
-HELPER_MEMORY_GIB = 4
-
 # On the job object, for people and tools looking for a job's checkpoints.
 ANNOTATION_CHECKPOINT_URI = "gpuyard.io/checkpoint-uri"
 
 NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-# libfabric's EFA provider for NCCL (aws-ofi-nccl), with GPUDirect RDMA where the instance has it.
-EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+# EFA jobs fail fast instead of training over TCP sockets. NCCL_NET names the network NCCL must use; when it
+# cannot load it, NCCL fails instead of falling back to its socket transport (NCCL user guide, env.html
+# #nccl-net). "AWS Libfabric" is the name aws-ofi-nccl registers; FI_PROVIDER=efa restricts libfabric to the
+# EFA provider, so a node without EFA devices fails at init too. GPUDirect RDMA where the instance has it.
+EFA_ENV = {
+    "NCCL_NET": "AWS Libfabric",
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+}
 
 
 def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
@@ -96,12 +104,15 @@ def _quantity_cpu(cpu: float) -> str:
 
 
 def trainer_resources(spec: JobSpec) -> dict:
-    """Guaranteed QoS: requests = limits, GPUs and EFA devices included."""
+    """Guaranteed QoS: requests = limits, GPUs and EFA devices included; EFA pods on managed node groups
+    also reserve libfabric's huge pages (Karpenter cannot size nodes for them: infra.conventions)."""
     amounts = {"cpu": _quantity_cpu(spec.cpu), "memory": f"{spec.memory_gib}Gi"}
     if spec.gpus_per_node:
         amounts[GPU_RESOURCE] = str(spec.gpus_per_node)
     if spec.efa_devices:
         amounts[EFA_RESOURCE] = str(spec.efa_devices)
+        if spec.node_group:
+            amounts[HUGEPAGES_RESOURCE] = HUGEPAGES_EFA
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
@@ -152,6 +163,16 @@ def gpu_tolerations(spec: JobSpec) -> list[dict]:
 
 def node_selector(node_pool: str, capacity_type: str) -> dict[str, str]:
     return {LABEL_NODEPOOL: node_pool, LABEL_CAPACITY_TYPE: capacity_type}
+
+
+def trainer_node_selector(spec: JobSpec) -> dict[str, str]:
+    """A managed node group by its label, or a NodePool and capacity type, pinned to one instance family."""
+    if spec.node_group:
+        return {LABEL_NODE_GROUP: spec.node_pool}
+    selector = node_selector(spec.node_pool, spec.capacity_type)
+    if spec.instance_family:
+        selector[LABEL_INSTANCE_FAMILY] = spec.instance_family
+    return selector
 
 
 def shm_volume(memory_gib: int) -> dict:
@@ -214,7 +235,7 @@ def trainer_pod(
     """A pod template for a training node of ``spec`` running the ``trainer`` container."""
     return _pod_template(
         spec, team, component, [trainer],
-        selector=node_selector(spec.node_pool, spec.capacity_type),
+        selector=trainer_node_selector(spec),
         tolerations=gpu_tolerations(spec),
         shm_gib=spec.memory_gib,
         scheduler_name=scheduler_name,

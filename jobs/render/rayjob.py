@@ -1,14 +1,14 @@
 """RayJob (KubeRay ``ray.io/v1``): a CPU head and one GPU worker group run the Ray Train entry.
 
-KubeRay gang-schedules the cluster on Volcano from the job's labels (scheduler, queue,
-priority class); the worker group is fixed-size so the gang is head + ``nodes`` workers.
+KubeRay, run with --batch-scheduler=volcano (infra.operators), gang-schedules the cluster on Volcano
+with the queue from the job's ``volcano.sh/queue-name`` label and the priority class from
+``ray.io/priority-class-name``; the worker group is fixed-size so the gang is head + ``nodes`` workers.
 Ray's own metrics stay on 8080 so the trainer's ``metrics`` port (9464) is the trainer's.
 """
 
 import shlex
 
 from infra.config import Team
-from infra.conventions import SCHEDULER_NAME
 from jobs.render.pod import (
     container,
     helper_pod,
@@ -22,7 +22,6 @@ from jobs.render.pod import (
 from jobs.spec import JobSpec
 
 API_VERSION = "ray.io/v1"
-LABEL_SCHEDULER = "ray.io/scheduler-name"
 LABEL_QUEUE = "volcano.sh/queue-name"
 LABEL_PRIORITY_CLASS = "ray.io/priority-class-name"
 WORKER_GROUP = "workers"
@@ -34,7 +33,7 @@ def entrypoint(spec: JobSpec) -> str:
 
 
 def volcano_labels(team: Team) -> dict[str, str]:
-    return {LABEL_SCHEDULER: SCHEDULER_NAME, LABEL_QUEUE: team.queue, LABEL_PRIORITY_CLASS: team.priority_class}
+    return {LABEL_QUEUE: team.queue, LABEL_PRIORITY_CLASS: team.priority_class}
 
 
 def head_group(spec: JobSpec, team: Team) -> dict:

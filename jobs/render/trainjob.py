@@ -1,15 +1,15 @@
-"""TrainJob (Kubeflow Trainer v2 ``trainer.kubeflow.org/v1alpha1``) on the ``torch-distributed`` runtime.
+"""TrainJob (Kubeflow Trainer v2 ``trainer.kubeflow.org/v1alpha1``) on its team's ``torch-distributed`` runtime.
 
-The ClusterTrainingRuntime (created by the stack) owns the JobSet, torchrun's rendezvous
-env, the Volcano PodGroup and the metrics port; the TrainJob sets the trainer (image,
-command, nodes, resources) and patches the ``node`` pods with what every gpuyard training
-pod carries (labels, do-not-disrupt, service account, placement, /dev/shm, non-root).
-The TrainJob API has no TTL, restart count or priority class: the runtime's JobSet and
-pod template own them.
+The team's TrainingRuntime (created by the stack in the team's namespace, infra/trainer_runtime.py) owns
+the JobSet, torchrun's rendezvous env, the Volcano PodGroup with the team's queue, the scheduler name, the
+priority class and the metrics port; the TrainJob sets the trainer (image, command, nodes, resources) and
+patches the ``node`` pods with what every gpuyard training pod carries (labels, do-not-disrupt, service
+account, placement, /dev/shm, non-root). The TrainJob API has no TTL, restart count or priority class, and
+Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them.
 """
 
 from infra.config import Team
-from infra.conventions import ANNOTATION_DO_NOT_DISRUPT
+from infra.conventions import ANNOTATION_DO_NOT_DISRUPT, TRAINING_RUNTIME
 from jobs.render.pod import (
     SHM_PATH,
     SHM_VOLUME,
@@ -18,19 +18,18 @@ from jobs.render.pod import (
     gpu_tolerations,
     labels,
     metadata,
-    node_selector,
     pod_security,
     shm_volume,
     trainer_env,
+    trainer_node_selector,
     trainer_resources,
 )
 from jobs.spec import JobSpec
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
-RUNTIME = "torch-distributed"
+RUNTIME = TRAINING_RUNTIME
 NODE_JOB = "node"  # the runtime's replicated job and its trainer container
 PATCH_MANAGER = "gpuyard.io/render"
-ANNOTATION_QUEUE = "scheduling.volcano.sh/queue-name"
 
 
 def trainer(spec: JobSpec) -> dict:
@@ -49,7 +48,7 @@ def trainer(spec: JobSpec) -> dict:
 def node_pod_patch(spec: JobSpec, team: Team) -> dict:
     pod: dict = {
         "serviceAccountName": team.service_account,
-        "nodeSelector": node_selector(spec.node_pool, spec.capacity_type),
+        "nodeSelector": trainer_node_selector(spec),
     }
     if spec.gpus_per_node:
         pod["tolerations"] = gpu_tolerations(spec)
@@ -68,14 +67,13 @@ def node_pod_patch(spec: JobSpec, team: Team) -> dict:
 
 def render(spec: JobSpec, team: Team) -> dict:
     meta = metadata(spec, team)
-    meta["annotations"][ANNOTATION_QUEUE] = team.queue  # the runtime's Volcano PodGroup reads it
     patch = {"name": NODE_JOB, "template": {"spec": {"template": node_pod_patch(spec, team)}}}
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
         "metadata": meta,
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": RUNTIME},
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": RUNTIME},
             "trainer": trainer(spec),
             "runtimePatches": [{
                 "manager": PATCH_MANAGER,

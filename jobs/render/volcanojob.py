@@ -2,7 +2,8 @@
 
 The ``ssh`` plugin shares a per-job key (mounted where the ``mpi`` image's sshd reads
 it), ``svc`` gives the workers stable hostnames ``<job>-mpiworker-<i>.<job>``. The gang is
-every pod; an evicted pod restarts the whole job, and the master finishing completes it.
+every pod; the master waits (bounded) for the workers' sshd, a failed or evicted pod restarts
+the whole job up to ``maxRetry`` times, and the master finishing completes it.
 """
 
 from infra.config import Team
@@ -14,6 +15,9 @@ from jobs.spec import JobSpec
 API_VERSION = "batch.volcano.sh/v1alpha1"
 MASTER_TASK = "mpimaster"
 WORKER_TASK = "mpiworker"
+# Volcano counts job restarts, not container restarts, toward maxRetry: pods never restart in place
+# (restartPolicy Never) and a failed or evicted pod restarts the whole job, at most max_restarts times.
+RESTART_EVENTS = ("PodEvicted", "PodFailed")
 
 
 def worker_hosts(spec: JobSpec) -> list[str]:
@@ -22,7 +26,7 @@ def worker_hosts(spec: JobSpec) -> list[str]:
 
 def render(spec: JobSpec, team: Team) -> dict:
     hosts = worker_hosts(spec)
-    master = launcher_container(MASTER_TASK, spec, hosts[0], hosts)
+    master = launcher_container(MASTER_TASK, spec, hosts[0], hosts, wait=True)
     worker = worker_container(WORKER_TASK, spec)
     return {
         "apiVersion": API_VERSION,
@@ -36,18 +40,18 @@ def render(spec: JobSpec, team: Team) -> dict:
             "maxRetry": spec.max_restarts,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
             "plugins": {"ssh": [f"--ssh-key-file-path={SSH_DIR}"], "svc": []},
-            "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+            "policies": [{"event": event, "action": "RestartJob"} for event in RESTART_EVENTS],
             "tasks": [
                 {
                     "name": MASTER_TASK,
                     "replicas": 1,
                     "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-                    "template": helper_pod(spec, team, MASTER_TASK, master, restart_policy="OnFailure"),
+                    "template": helper_pod(spec, team, MASTER_TASK, master, restart_policy="Never"),
                 },
                 {
                     "name": WORKER_TASK,
                     "replicas": spec.nodes,
-                    "template": trainer_pod(spec, team, WORKER_TASK, worker, restart_policy="OnFailure"),
+                    "template": trainer_pod(spec, team, WORKER_TASK, worker, restart_policy="Never"),
                 },
             ],
         },
