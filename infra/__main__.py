@@ -13,7 +13,6 @@ from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
 from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
-from infra.images import image_ref
 
 
 def config_values() -> dict[str, str]:
@@ -50,12 +49,14 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     Monitoring("monitoring", MonitoringArgs(k8s))
     PriorityClasses("priority", PriorityClassesArgs(k8s))
     storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
+    # Teams' TrainingRuntimes run the ddp image from the stack's own ECR repository.
+    trainer_image = storage.repository_urls.apply(lambda urls: f"{urls['ddp']}:{config.image_tag}")
     teams = {
         team.name: TeamTenancy(
             f"team-{team.name}",
             TeamArgs(
                 team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano,
-                aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or image_ref(config, "ddp"),
+                aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or trainer_image,
             ),
         )
         for team in config.teams

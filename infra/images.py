@@ -1,12 +1,12 @@
 """Where the templates' images come from: ``<registry>/<image>:<tag>``.
 
-The registry is ``gpuyard:image_registry`` when set (an ECR host plus the cluster
-name, as the stack's ``ecr_repositories`` output gives it), else the cluster name,
-which is also how ``gpuyard images build`` tags local builds. ECR repositories are named
-``<cluster_name>/<image>``.
+The registry is ``gpuyard:image_registry`` (an ECR host plus the cluster name, as the stack's
+``ecr_repositories`` output gives it). Job templates need it (``template_image``): a job never
+falls back to a Docker Hub name nobody can pull. Without it, ``gpuyard images build`` tags local
+builds with the cluster name instead. ECR repositories are named ``<cluster_name>/<image>``.
 """
 
-from infra.config import StackConfig
+from infra.config import ConfigError, StackConfig
 from infra.conventions import IMAGE_NAMES
 
 
@@ -20,3 +20,14 @@ def image_ref(config: StackConfig, image: str) -> str:
         raise ValueError(f"unknown image {image!r} (images: {', '.join(IMAGE_NAMES)})")
     registry = config.image_registry or config.cluster_name
     return f"{registry.rstrip('/')}/{image}:{config.image_tag}"
+
+
+def template_image(config: StackConfig, image: str) -> str:
+    """The image job templates run: the stack's ECR repository; a ConfigError says how to name one."""
+    if not config.image_registry:
+        raise ConfigError(
+            f"stack {config.stack!r} has no image registry: set gpuyard:image_registry to its ECR registry "
+            f"(<account>.dkr.ecr.{config.region}.amazonaws.com/{config.cluster_name}, the prefix of "
+            "`pulumi stack output ecr_repositories`) or pass --image"
+        )
+    return image_ref(config, image)

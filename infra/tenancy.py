@@ -14,7 +14,7 @@ from infra.config import Team
 from infra.conventions import GPU_RESOURCE, LABEL_PART_OF, LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
-from infra.trainer_runtime import training_runtime
+from infra import trainer_runtime
 
 JOB_GROUPS = ("kubeflow.org", "ray.io", "batch.volcano.sh", "trainer.kubeflow.org")
 
@@ -98,7 +98,7 @@ class TeamArgs:
     aws_provider: aws.Provider
     k8s_provider: kubernetes.Provider
     trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime
-    trainer_image: str = ""
+    trainer_image: pulumi.Input[str] = ""
 
 
 class TeamTenancy(pulumi.ComponentResource):
@@ -236,13 +236,15 @@ class TeamTenancy(pulumi.ComponentResource):
         )
 
     def _create_training_runtime(self, namespace: kubernetes.core.v1.Namespace, trainer: pulumi.Resource) -> None:
-        runtime = training_runtime(self._team, self._args.trainer_image)
+        team = self._team
         kubernetes.apiextensions.CustomResource(
             f"{self._name}-training-runtime",
-            api_version=runtime["apiVersion"],
-            kind=runtime["kind"],
-            metadata=runtime["metadata"],
-            spec=runtime["spec"],
+            api_version=trainer_runtime.API_VERSION,
+            kind=trainer_runtime.KIND,
+            metadata=trainer_runtime.training_runtime_metadata(team),
+            spec=pulumi.Output.from_input(self._args.trainer_image).apply(
+                lambda image: trainer_runtime.training_runtime_spec(team, image)
+            ),
             opts=self._k8s(namespace, trainer),
         )
 

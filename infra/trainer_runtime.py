@@ -27,6 +27,8 @@ from infra.operators import TRAINER_PODGROUP_POLICY
 # The container Trainer v2 fills from the TrainJob (image, command, resourcesPerNode) is named "node"
 # (pkg/constants: Node), in the replicated job whose ancestor label is "trainer".
 NODE = "node"
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+KIND = "TrainingRuntime"
 LABEL_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
@@ -58,11 +60,6 @@ def training_runtime_spec(team: Team, image: str) -> dict:
     }
 
 
-def training_runtime(team: Team, image: str) -> dict:
-    """The whole TrainingRuntime object of ``team`` (name ``TRAINING_RUNTIME`` in the team's namespace)."""
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": TRAINING_RUNTIME, "namespace": team.namespace, "labels": runtime_labels(team)},
-        "spec": training_runtime_spec(team, image),
-    }
+def training_runtime_metadata(team: Team) -> dict:
+    """``TRAINING_RUNTIME`` in the team's namespace."""
+    return {"name": TRAINING_RUNTIME, "namespace": team.namespace, "labels": runtime_labels(team)}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from infra.config import DNS1123_LABEL, StackConfig, Team
 from infra.validation import validation_message
 from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_EFA, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
-from infra.images import image_ref
+from infra.images import template_image
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
 Kind = Literal["pytorchjob", "mpijob", "rayjob", "volcanojob", "trainjob"]
@@ -168,11 +168,11 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 
 def default_image(config: StackConfig, team: Team, kind: Kind) -> str:
-    """The kind's image; a team's own image replaces the ``ddp`` one."""
+    """The kind's image in the stack's registry; a team's own image replaces the ``ddp`` one."""
     image = KIND_IMAGE[kind]
     if image == "ddp" and team.image:
         return team.image
-    return image_ref(config, image)
+    return template_image(config, image)
 
 
 def default_node_pool(gpus_per_node: int, capacity_type: CapacityType, efa_devices: int = 0) -> str:
@@ -224,7 +224,7 @@ def build_spec(
         "gpus_per_node": gpus_per_node,
         "cpu": CPU_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_CPU,
         "memory_gib": MEMORY_GIB_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_MEMORY_GIB,
-        "image": default_image(config, team, kind), "module": module, "args": args,
+        "image": fields.pop("image", None) or default_image(config, team, kind), "module": module, "args": args,
         "checkpoint_uri": ckpt, "capacity_type": capacity_type,
         "node_pool": default_node_pool(gpus_per_node, capacity_type, fields.get("efa_devices") or 0),
     }

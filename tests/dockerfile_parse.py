@@ -42,6 +42,8 @@ class Dockerfile:
         """Image path -> repository path of every COPY from the build context."""
         out = {}
         for rest in self.all("COPY"):
+            if "--from=" in rest:  # from another build stage, not the context
+                continue
             words = [w for w in shlex.split(rest) if not w.startswith("--")]
             out[words[-1]] = words[0]
         return out

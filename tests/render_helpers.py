@@ -11,6 +11,7 @@ from jobs.spec import JobSpec, build_spec
 
 STACK = parse_stack("test", {
     "gpuyard:cluster_name": "yard",
+    "gpuyard:image_registry": "123456789012.dkr.ecr.us-west-2.amazonaws.com/yard",
     "gpuyard:teams": [{"name": "vision", "queue_weight": 2}, {"name": "nlp", "priority_class": "gpuyard-low"}],
     "gpuyard:addons": {"trainer_v2": True},
 })

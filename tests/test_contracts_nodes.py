@@ -75,8 +75,9 @@ def pool_nodes(resources) -> list[Node]:
         families = tuple(_requirement(template["spec"], "karpenter.k8s.aws/instance-family"))
         names = types or [t.name for t in types_of_families(families)]
         efa = "vpc.amazonaws.com/efa.present" in template["metadata"]["labels"]
+        (capacity,) = _requirement(template["spec"], "karpenter.sh/capacity-type")  # one per GPU pool
         for instance_type in names:
-            labels = {**template["metadata"]["labels"], "karpenter.sh/nodepool": name,
+            labels = {**template["metadata"]["labels"], "karpenter.sh/nodepool": name, "karpenter.sh/capacity-type": capacity,
                       "node.kubernetes.io/instance-type": instance_type,
                       "karpenter.k8s.aws/instance-family": instance_type.split(".")[0]}
             nodes.append(Node(f"NodePool {name}", instance_type, labels, template["spec"].get("taints", []), True, efa))

@@ -142,6 +142,22 @@ def test_mpi_installs_openmpi_ucx_and_openssh():
         assert f" {package} " in f" {installs} "
 
 
+@pytest.mark.parametrize("image", ["ddp", "mpi"])
+def test_gpu_images_carry_libfabric_and_aws_ofi_nccl_pinned_on_the_library_path(image):
+    """Without both NCCL silently trains EFA jobs over TCP sockets."""
+    dockerfile = Dockerfile.of(image)
+    defaults = dockerfile.arg_defaults()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", defaults["EFA_INSTALLER_VERSION"])
+    assert re.fullmatch(r"\d+\.\d+\.\d+", defaults["AWS_OFI_NCCL_VERSION"])
+    runs = " ".join(dockerfile.all("RUN"))
+    assert 'install-efa.sh plugin "${EFA_INSTALLER_VERSION}" "${AWS_OFI_NCCL_VERSION}"' in runs
+    assert 'install-efa.sh runtime "${EFA_INSTALLER_VERSION}"' in runs
+    assert "--from=efa /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in dockerfile.all("COPY")
+    assert dockerfile.env()["LD_LIBRARY_PATH"].startswith("/opt/aws-ofi-nccl/lib:/opt/amazon/efa/lib")
+    script = (IMAGES / "common" / "install-efa.sh").read_text()
+    assert "--skip-kmod" in script and "--with-libfabric=/opt/amazon/efa" in script
+
+
 def test_dockerignore_lets_in_only_the_package_and_images():
     patterns = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert patterns[0] == "*"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_registry
 from dockerfile_parse import IMAGES, Dockerfile
 from infra.config import load_stack
 from jobs.local_aws import free_port
@@ -80,7 +81,7 @@ def test_mpijob_launcher_command_runs_2_ranks_to_the_ddp_weights(ddp_done, tmp_p
     on this machine --oversubscribe, the rendezvous is local, and the checkpoint and metrics
     go to a temporary folder and a free port.
     """
-    config = load_stack("dev")
+    config = with_registry(load_stack("dev"))
     team = config.teams[0]
     spec = build_spec(config, team, "mpijob", epochs=int(trainer_argv(Dockerfile.of("ddp").command(), TRAIN_MODULE)[0]),
                       checkpoint_uri=str(tmp_path / "ckpt"))

@@ -13,6 +13,7 @@ import shlex
 import pytest
 
 from dockerfile_parse import IMAGES, Dockerfile
+from conftest import with_registry
 from infra.config import load_stack
 from infra.images import image_ref
 from jobs.render import render
@@ -21,7 +22,7 @@ from jobs.render.pod import RUN_AS_USER
 from jobs.spec import KIND_IMAGE, KINDS, build_spec
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 
-CONFIG = load_stack("dev")
+CONFIG = with_registry(load_stack("dev"))
 CASES = [(team, kind) for team in CONFIG.teams for kind in KINDS]
 
 

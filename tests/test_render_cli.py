@@ -17,6 +17,27 @@ def gpuyard(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(GPUYARD), "render", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.fixture(autouse=True)
+def registries(stacks_with_registry):
+    """The stacks as they are once gpuyard:image_registry names their ECR registry."""
+
+
+def test_without_a_registry_render_says_how_to_name_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPUYARD_STACKS_DIR")
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "-o", str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "stack 'dev' has no image registry: set gpuyard:image_registry" in result.stderr
+    assert "or pass --image" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_an_explicit_image_needs_no_registry(monkeypatch):
+    monkeypatch.delenv("GPUYARD_STACKS_DIR")
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--image", "registry.example/mpi:7")
+    assert result.returncode == 0, result.stderr
+    pods = yaml.safe_load(result.stdout)["spec"]["mpiReplicaSpecs"].values()
+    assert {pod["template"]["spec"]["containers"][0]["image"] for pod in pods} == {"registry.example/mpi:7"}
+
+
 def test_stdout_is_one_manifest():
     result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--nodes", "2", "--gpus-per-node", "4")
     assert result.returncode == 0, result.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import Team, parse_stack
+from infra.config import ConfigError, Team, parse_stack
 from infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     GPU_TAINT_KEY,
@@ -286,9 +286,18 @@ def test_images_per_kind_and_team_override():
 
 
 def test_team_image_replaces_ddp_only():
-    config = parse_stack("t", {"gpuyard:cluster_name": "c", "gpuyard:teams": [{"name": "a", "image": "a/img:2"}]})
+    config = parse_stack("t", {"gpuyard:cluster_name": "c", "gpuyard:image_registry": "r.example/c",
+                               "gpuyard:teams": [{"name": "a", "image": "a/img:2"}]})
     assert make_spec("pytorchjob", "a", config=config).image == "a/img:2"
-    assert make_spec("mpijob", "a", config=config).image == image_ref(config, "mpi")
+    assert make_spec("mpijob", "a", config=config).image == image_ref(config, "mpi") == "r.example/c/mpi:0.1.0"
+
+
+def test_without_a_registry_no_image_falls_back_to_docker_hub():
+    config = parse_stack("t", {"gpuyard:cluster_name": "c", "gpuyard:teams": [{"name": "a"}]})
+    with pytest.raises(ConfigError, match="has no image registry: set gpuyard:image_registry") as error:
+        make_spec("mpijob", "a", config=config)
+    assert "\n" not in str(error.value)
+    assert make_spec("mpijob", "a", config=config, image="r.example/mpi:1").image == "r.example/mpi:1"
 
 
 def test_checkpoint_uri_defaults_to_team_prefix_and_job_name():
@@ -329,6 +338,8 @@ def test_render_refuses_a_spec_of_another_team():
     ({"nodes": 0}, "nodes"),
     ({"nodes": 2, "min_nodes": 3}, "elastic min nodes 3 > max nodes 2"),
     ({"name": "Not_DNS"}, "name"),
+    ({"name": "7b-run"}, "'7b-run' is not a DNS-1035 label"),
+    ({"name": "run-"}, "is not a DNS-1035 label"),
     ({"name": "x" * 56}, "too long for a pytorchjob"),
     ({"gpus_per_node": 0, "efa_devices": 1}, "EFA devices need GPU nodes"),
     ({"env": {"1BAD": "x"}}, "env"),
@@ -340,7 +351,8 @@ def test_bad_specs_raise_one_line(fields, message):
 
 
 def test_trainjob_needs_trainer_v2_in_the_stack():
-    config = parse_stack("p", {"gpuyard:cluster_name": "p", "gpuyard:teams": [{"name": "a"}]})
+    config = parse_stack("p", {"gpuyard:cluster_name": "p", "gpuyard:image_registry": "r.example/p",
+                               "gpuyard:teams": [{"name": "a"}]})
     with pytest.raises(SpecError, match="does not install Kubeflow Trainer v2"):
         make_spec("trainjob", "a", config=config)
     assert make_spec("pytorchjob", "a", config=config).kind == "pytorchjob"

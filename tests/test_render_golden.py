@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_registry
 from infra.config import load_stack
 from jobs.render import default_specs, render, render_all, to_yaml
 from jobs.spec import KINDS
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUYARD_UPDATE_GOLDEN") == "1"
-DEV = load_stack("dev")
+DEV = with_registry(load_stack("dev"))  # what the templates render once the stack names its ECR registry
 SPECS = default_specs(DEV)
 
 

@@ -31,6 +31,9 @@ PLAN_TYPES_SHOWN = 10
 DEMO_ARGS = TrainArgs(total_epochs=20, save_every=5, batch_size=32, dataset_size=4096,
                       checkpoint_uri=f"s3://{BUCKET}/runs/ddp")
 
+# The demo renders templates of stacks that name no registry yet: a clearly fake one, never Docker Hub.
+DEMO_REGISTRY_HOST = "placeholder.invalid"
+
 
 @dataclass
 class TrainingRun:
@@ -122,13 +125,23 @@ def show_training_summary(console: Console, training: TrainingRun) -> None:
     console.print(table)
 
 
+def demo_registry(cluster_name: str) -> str:
+    """A registry that cannot exist (RFC 2606 ``.invalid``), for a stack that names none: the demo's
+    templates show where images go without pretending anyone can pull them."""
+    return f"{DEMO_REGISTRY_HOST}/{cluster_name}"
+
+
 def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
     """Render every kind for every team of the stack into ``out_dir`` and list the files."""
     from jobs.render import render_all
 
-    written = render_all(load_stack(stack), out_dir)
-    table = Table(title=f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all)",
-                  title_justify="left")
+    config = load_stack(stack)
+    title = f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all)"
+    if not config.image_registry:
+        config = config.model_copy(update={"image_registry": demo_registry(config.cluster_name)})
+        title += f"; images from the placeholder {config.image_registry} (set gpuyard:image_registry)"
+    written = render_all(config, out_dir)
+    table = Table(title=title, title_justify="left")
     table.add_column("team")
     table.add_column("kind")
     table.add_column("file", overflow="fold")

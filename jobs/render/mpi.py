@@ -19,6 +19,8 @@ MASTER_PORT = 29500
 # Injected by the EKS pod identity webhook into pods of the team's (IRSA) service account.
 IRSA_ENV = ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
             "AWS_STS_REGIONAL_ENDPOINTS")
+# The image's library path, where NCCL finds aws-ofi-nccl and libfabric (images/common/install-efa.sh).
+IMAGE_ENV = ("LD_LIBRARY_PATH",)
 
 
 def launcher_env(spec: JobSpec, master_addr: str) -> dict[str, str]:
@@ -36,7 +38,7 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
                "--mca", "plm_rsh_args", f"-p {SSH_PORT} -o ConnectionAttempts=10"]
     if hosts:
         command += ["--host", ",".join(f"{host}:{spec.procs_per_node}" for host in hosts)]
-    for name in (*env, *IRSA_ENV):
+    for name in (*env, *IRSA_ENV, *IMAGE_ENV):
         command += ["-x", name]
     return [*command, "python3", "-m", spec.module]
 
