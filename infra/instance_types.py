@@ -1,12 +1,14 @@
 """The GPU instance types gpuyard schedules on: GPUs, vCPUs, memory and EFA interfaces per node.
 
 Figures from the AWS EC2 accelerated-computing specifications (docs.aws.amazon.com/ec2/latest/instancetypes/
-ac.html: accelerators, vCPUs, memory, "network cards" and "EFA") as Karpenter v1.14 advertises them
-(aws/karpenter-provider-aws, website/content/en/v1.14/reference/instance-types.md: ``nvidia.com/gpu`` and
-``vpc.amazonaws.com/efa`` per type). ``efa`` is the number of network cards: one EFA interface per card gives
-the instance its full fabric (terraform-aws-modules/terraform-aws-eks, modules/eks-managed-node-group/main.tf,
-``network_interfaces``); 0 means gpuyard does not run EFA on that type. The renderers check jobs against it
-and the stack builds launch templates and the EFA NodePool from it.
+ac.html: accelerators, vCPUs, memory, network cards), which Karpenter v1.14 advertises as ``nvidia.com/gpu`` and
+``vpc.amazonaws.com/efa`` (aws/karpenter-provider-aws, website/content/en/v1.14/reference/instance-types.md).
+``efa`` is the number of network cards: one EFA interface per card gives the instance its full fabric
+(terraform-aws-modules/terraform-aws-eks, modules/eks-managed-node-group/main.tf, ``network_interfaces``):
+p4d/p4de 4 and p5/p5e 32 (../shared/UPSTREAM-FACTS.md), p5en 16 (AWS's p5en launch examples attach
+NetworkCardIndex 0-15). 0 means gpuyard does not run EFA on that type (g-family EFA is left out until its card
+counts are checked). The renderers check jobs against it; the stack builds launch templates and the EFA NodePool
+from it.
 """
 
 from __future__ import annotations

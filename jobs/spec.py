@@ -39,10 +39,11 @@ _DERIVED_NAME = {
 }
 MAX_LABEL = 63
 # Every operator validates the job's name as a DNS-1035 label (a letter first): Training Operator v1.9.4
-# (pkg/webhooks/pytorch/pytorchjob_webhook.go, validation.IsDNS1035Label), MPI Operator v0.8.0
+# (pkg/webhooks/pytorch/pytorchjob_webhook.go, apimachinery NameIsDNS1035Label), MPI Operator v0.8.0
 # (pkg/apis/kubeflow/validation/validation.go, "<name>-worker-<n>" as DNS-1035), KubeRay v1.7.0
 # (ray-operator/controllers/ray/utils/validation.go, ValidateRayJobMetadata: DNS-1035 and at most
-# MaxRayJobNameLength = 47 characters, so "<job>-<5 random>" and its Services stay labels).
+# MaxRayJobNameLength characters, utils/constant.go: MaxRayClusterNameLength 53 - 6 = 47, room for the
+# RayCluster name's suffix).
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME = {"rayjob": 47}
 # Volcano counts job restarts, not container restarts, toward maxRetry: a bound keeps a failing gang from
