@@ -71,6 +71,7 @@ def test_options_reach_the_manifest():
     assert "hugepages-2Mi" not in trainer["resources"]["limits"]  # Karpenter cannot size nodes for huge pages
     env = {item["name"]: item["value"] for item in trainer["env"]}
     assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa" and env["NCCL_NET"] == "AWS Libfabric"
+    assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
     args = parse_args(trainer["args"])
     assert args.total_epochs == 3 and args.checkpoint_uri == "s3://gpuyard-prod-checkpoints/teams/vision/bert"
 
@@ -83,6 +84,9 @@ def test_jobs_can_target_prods_reserved_node_group():
     assert worker["nodeSelector"] == {"gpuyard.io/node-group": "gpu-a100"}
     limits = worker["containers"][0]["resources"]["limits"]
     assert (limits["vpc.amazonaws.com/efa"], limits["hugepages-2Mi"]) == ("4", "5120Mi")
+    launcher = yaml.safe_load(result.stdout)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    env = {item["name"]: item["value"] for item in launcher["containers"][0]["env"]}
+    assert env["NCCL_NET"] == "AWS Libfabric" and "FI_EFA_USE_HUGE_PAGE" not in env
 
 
 def test_all_writes_the_golden_files(tmp_path):

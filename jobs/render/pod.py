@@ -91,6 +91,8 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
         env.update(NCCL_ENV)
     if spec.efa_devices:
         env.update(EFA_ENV)
+        if not spec.node_group:  # no huge pages reserved on Karpenter nodes: libfabric uses regular pages
+            env["FI_EFA_USE_HUGE_PAGE"] = "0"
     env.update(spec.env)
     return env
 
