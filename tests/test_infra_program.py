@@ -149,7 +149,7 @@ def test_karpenter_chart_irsa_and_interruption_queue(stack):
     assert [v for k, v in trust.items() if k.endswith(":sub")] == ["system:serviceaccount:kube-system:karpenter"]
     rules = of_type(resources, "aws:cloudwatch/eventRule:EventRule")
     targets = of_type(resources, "aws:cloudwatch/eventTarget:EventTarget")
-    assert len(rules) == len(targets) == 4
+    assert len(rules) == len(targets) == 5
     entry = named(resources, "karpenter-node", "aws:eks/accessEntry:AccessEntry")
     assert entry.inputs["type"] == "EC2_LINUX"
     assert entry.inputs["principalArn"] == "arn:aws:iam::123456789012:role/karpenter-node"
