@@ -192,10 +192,12 @@ def test_stack_teams_reach_the_plan():
 
 
 def test_karpenter_controller_policy_is_scoped():
-    policy = karpenter_controller_policy("c1", "arn:cluster", "arn:queue", "arn:node-role", "eu-west-1")
+    cluster = "arn:aws:eks:eu-west-1:111122223333:cluster/c1"
+    policy = karpenter_controller_policy("c1", cluster, "arn:queue", "arn:node-role", "eu-west-1")
     statements = {s["Sid"]: s for s in policy["Statement"]}
-    assert statements["Terminate"]["Condition"] == {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/c1": "owned"}}
-    assert statements["PassNodeRole"]["Resource"] == "arn:node-role"
-    assert statements["Interruption"]["Resource"] == "arn:queue"
-    assert statements["Cluster"]["Resource"] == "arn:cluster"
-    assert statements["AmiParameters"]["Resource"] == "arn:aws:ssm:eu-west-1::parameter/aws/service/*"
+    assert statements["AllowScopedDeletion"]["Condition"]["StringEquals"] == {
+        "aws:ResourceTag/kubernetes.io/cluster/c1": "owned"}
+    assert statements["AllowPassingInstanceRole"]["Resource"] == "arn:node-role"
+    assert statements["AllowInterruptionQueueActions"]["Resource"] == "arn:queue"
+    assert statements["AllowAPIServerEndpointDiscovery"]["Resource"] == cluster
+    assert statements["AllowSSMReadActions"]["Resource"] == "arn:aws:ssm:eu-west-1::parameter/aws/service/*"
