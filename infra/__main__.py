@@ -24,9 +24,12 @@ def config_values() -> dict[str, str]:
 def build(config: StackConfig) -> dict[str, pulumi.Input]:
     """Create every component of the stack and return its outputs."""
     aws_provider = aws.Provider("aws", region=config.region, default_tags={"tags": {TAG_STACK: config.stack}})
+    pulumi.log.info(config.cluster.endpoint_notice(config.network.cidr))
     network = Network("network", NetworkArgs(config.cluster_name, config.network, aws_provider))
     cluster = Cluster(
-        "cluster", ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider)
+        "cluster",
+        ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider,
+                    vpc_cidr=config.network.cidr),
     )
     k8s = cluster.k8s_provider
     after_cluster = pulumi.ResourceOptions(depends_on=[cluster])

@@ -1,13 +1,15 @@
 """Least privilege in the planned stacks: Karpenter's IAM as v1.14.1 ships it, the spot service-linked role,
-IMDS hop limit 1 on every node."""
+IMDS hop limit 1 on every node, an API endpoint never open to the internet, EKS versions in support."""
 
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import pytest
 
-from infra.config import load_stack
+from infra.config import ConfigError, load_stack, parse_stack
+from infra.eks_versions import Support, support
 from infra.karpenter import SPOT_ROLE_NAME
 from infra.plan import plan_values, stack_values
 from infra.policies import karpenter_controller_policy
@@ -131,3 +133,101 @@ def test_every_node_has_imds_hop_limit_one(stack):
         assert template.inputs["metadataOptions"]["httpPutResponseHopLimit"] == 1, template.name
     (node_class,) = of_type(resources, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
     assert node_class.inputs["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
+
+
+EKS = "aws:eks/cluster:Cluster"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_api_endpoint_is_never_open_to_anywhere(stack):
+    (cluster,) = of_type(planned(stack), EKS)
+    vpc = cluster.inputs["vpcConfig"]
+    if vpc["endpointPublicAccess"]:
+        assert vpc["publicAccessCidrs"] == list(load_stack(stack).cluster.public_access_cidrs)
+        assert not {"0.0.0.0/0", "::/0"} & set(vpc["publicAccessCidrs"])
+    else:
+        assert "publicAccessCidrs" not in vpc
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"endpoint_public": True}, "cluster.endpoint_public needs cluster.public_access_cidrs"),
+        ({"endpoint_public": True, "public_access_cidrs": ["0.0.0.0/0"]}, "opens the Kubernetes API to the whole internet"),
+        ({"private_access_cidrs": ["::/0"]}, "cluster.private_access_cidrs: '::/0' opens"),
+        ({"endpoint_public": True, "public_access_cidrs": ["10.0.0.300/8"]}, "'10.0.0.300/8' is not a CIDR network"),
+        ({"endpoint_public": True, "endpoint_private": False, "public_access_cidrs": ["198.51.100.0/24"],
+          "private_access_cidrs": ["10.9.0.0/16"]}, "private_access_cidrs needs cluster.endpoint_private"),
+    ],
+)
+def test_endpoint_access_mistakes_are_refused_at_config_time(cluster, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_stack("t", {"gpuyard:cluster_name": "t", "gpuyard:cluster": cluster})
+
+
+def test_prod_private_endpoint_admits_the_vpc_and_the_deploying_network_on_443():
+    resources = planned("prod")
+    (cluster,) = of_type(resources, EKS)
+    assert cluster.inputs["vpcConfig"]["endpointPublicAccess"] is False
+    rules = of_type(resources, INGRESS)
+    assert sorted(r.inputs["cidrIpv4"] for r in rules) == ["10.100.0.0/16", "10.30.0.0/16"]
+    for rule in rules:
+        assert (rule.inputs["fromPort"], rule.inputs["toPort"], rule.inputs["ipProtocol"]) == (443, 443, "tcp")
+        assert rule.inputs["securityGroupId"] == "sg-gpuyard-prod"  # the cluster security group
+
+
+def test_endpoint_notice_says_where_pulumi_up_must_run():
+    private = load_stack("prod").cluster.endpoint_notice("10.30.0.0/16")
+    assert private.startswith("private EKS endpoint: run `pulumi up` and kubectl from 10.30.0.0/16, 10.100.0.0/16")
+    assert "\n" not in private and "VPN" in private
+    public = load_stack("dev").cluster.endpoint_notice("10.20.0.0/16")
+    assert public == ("public EKS endpoint open to 198.51.100.0/24, 203.0.113.0/24; private endpoint from 10.20.0.0/16")
+
+
+@pytest.mark.parametrize(
+    ("version", "today", "expected"),
+    [
+        ("1.35", date(2026, 12, 2), Support.STANDARD),
+        ("1.34", date(2026, 12, 1), Support.STANDARD),
+        ("1.34", date(2026, 12, 2), Support.EXTENDED),  # extended support bills from the start of its first day
+        ("1.33", date(2026, 7, 29), Support.EXTENDED),
+        ("1.31", date(2026, 11, 26), Support.ENDED),
+        ("1.35", date(2028, 3, 27), Support.ENDED),
+    ],
+)
+def test_eks_support_windows(version, today, expected):
+    assert support(version, today) is expected
+
+
+TODAY = date(2026, 12, 2)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"kubernetes_version": "1.30"}, "kubernetes_version '1.30' left EKS extended support on 2026-07-23"),
+        ({"kubernetes_version": "1.33"}, "left EKS standard support on 2026-07-29 .* set cluster.allow_extended_support"),
+        ({"kubernetes_version": "1.36"}, "'1.36' is not an EKS version"),
+        ({"kubernetes_version": "1.30", "allow_extended_support": True}, "left EKS extended support"),
+    ],
+)
+def test_unsupported_versions_are_refused(cluster, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_stack("t", {"gpuyard:cluster_name": "t", "gpuyard:cluster": cluster}, today=TODAY)
+
+
+def test_extended_support_is_a_written_choice_and_sets_the_upgrade_policy():
+    values = {**stack_values("dev"), "gpuyard:cluster": {**stack_values("dev")["gpuyard:cluster"],
+                                                       "kubernetes_version": "1.34", "allow_extended_support": True}}
+    assert parse_stack("dev", values, today=TODAY).cluster.kubernetes_version == "1.34"
+    (cluster,) = of_type(plan_values("dev", values).resources, EKS)
+    assert cluster.inputs["upgradePolicy"] == {"supportType": "EXTENDED"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_stacks_run_1_35_in_standard_support(stack):
+    (cluster,) = of_type(planned(stack), EKS)
+    assert cluster.inputs["version"] == "1.35"
+    assert support("1.35", TODAY) is Support.STANDARD
+    assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
