@@ -12,7 +12,7 @@ from infra.karpenter import Karpenter, KarpenterArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
-from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
+from infra.tenancy import PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
 from jobs.images import image_ref
 
 
@@ -52,12 +52,13 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     addons = Addons("addons", AddonsArgs(config.addons, image_ref(config, "ddp"), k8s))
     Monitoring("monitoring", MonitoringArgs(k8s))
     PriorityClasses("priority", PriorityClassesArgs(k8s))
+    PodAdmission("pod-admission", PodAdmissionArgs(k8s))
     storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
     teams = {
         team.name: TeamTenancy(
             f"team-{team.name}",
             TeamArgs(
-                team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano,
+                team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons,
                 aws_provider, k8s,
             ),
         )

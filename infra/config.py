@@ -51,6 +51,15 @@ class Team(Frozen):
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
     priority_class: Label = "gpuyard-normal"
     member_role_arns: tuple[RoleArn, ...] = ()  # IAM roles mapped to the team's Kubernetes group
+    # Pod Security Standard the namespace enforces; ``baseline`` only with ``pod_security_reason`` saying why.
+    pod_security: Literal["restricted", "baseline"] = "restricted"
+    pod_security_reason: Annotated[str, Field(min_length=10)] | None = None
+
+    @model_validator(mode="after")
+    def _baseline_has_a_reason(self) -> "Team":
+        if self.pod_security == "baseline" and not self.pod_security_reason:
+            raise ValueError(f"team {self.name!r}: pod_security baseline needs pod_security_reason (why not restricted)")
+        return self
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> "Team":

@@ -31,7 +31,7 @@ def test_every_component_is_created_once(stack):
     assert components == sorted(
         f"gpuyard:{t}"
         for t in ("network:Network", "eks:Cluster", "karpenter:Karpenter", "addons:Addons", "monitoring:Monitoring",
-                  "tenancy:PriorityClasses", "storage:Storage")
+                  "tenancy:PriorityClasses", "tenancy:PodAdmission", "storage:Storage")
     )
 
 
@@ -249,9 +249,8 @@ def test_team_tenancy_and_irsa_scoped_to_one_service_account(stack):
         assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f"/team-{team.name}-irsa")
         quota = named(resources, f"team-{team.name}-quota").inputs["spec"]["hard"]
         assert quota[f"requests.{GPU_RESOURCE}"] == str(team.gpu_quota)
-        isolation = named(resources, f"team-{team.name}-isolation").inputs["spec"]
-        assert isolation["policyTypes"] == ["Ingress"]
-        assert isolation["ingress"][0] == {"from": [{"podSelector": {}}]}
+        isolation = named(resources, f"team-{team.name}-default-deny").inputs["spec"]
+        assert isolation == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
 
 
 def test_priority_classes(stack):

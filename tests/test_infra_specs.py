@@ -29,7 +29,7 @@ from infra.policies import (
     team_checkpoint_policy,
 )
 from infra.storage import checkpoint_lifecycle_rules
-from infra.tenancy import team_network_policy_spec, team_queue_spec, team_quota
+from infra.tenancy import team_network_policies, team_queue_spec, team_quota
 from infra_plans import kubernetes_manifests, planned
 
 GOLDEN = Path(__file__).parent / "golden" / "infra"
@@ -134,10 +134,13 @@ def test_team_quota_and_queue_agree(team):
     assert queue["weight"] == team.queue_weight
 
 
-def test_network_policy_admits_only_own_namespace_and_prometheus():
-    spec = team_network_policy_spec()
-    sources = [peer for rule in spec["ingress"] for peer in rule["from"]]
-    assert sources == [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+def test_network_policies_admit_only_own_namespace_prometheus_and_kuberay():
+    sources = [peer for spec in team_network_policies().values() for rule in spec.get("ingress", []) for peer in rule["from"]]
+    assert sources == [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}}},
+    ]
 
 
 def test_addon_specs():
