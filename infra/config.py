@@ -259,10 +259,20 @@ class AddonsConfig(Frozen):
 
 
 class StorageConfig(Frozen):
-    """Checkpoint bucket lifecycle."""
+    """Checkpoint bucket lifecycle; what ``pulumi destroy`` does with the bucket and the image registries.
+
+    ``force_destroy`` empties them on destroy (short-lived stacks); ``protect`` makes destroy stop at them.
+    """
 
     noncurrent_days: Annotated[int, Field(ge=1)] = 30
     force_destroy: bool = False
+    protect: bool = False
+
+    @model_validator(mode="after")
+    def _one_fate(self) -> "StorageConfig":
+        if self.force_destroy and self.protect:
+            raise ValueError("storage.force_destroy and storage.protect are both true: choose one")
+        return self
 
 
 class Lease(Frozen):
