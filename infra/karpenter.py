@@ -135,10 +135,15 @@ def ec2_node_class_spec(cluster_name: str, node_role: str, security_group_id: st
     }
 
 
-def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn: str) -> dict:
-    """Helm values: cluster settings, the IRSA annotation, controllers on the system node group."""
+def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn: str, region: str) -> dict:
+    """Helm values: cluster settings, the IRSA annotation, controllers on the system node group.
+
+    The region is given (chart value ``controller.env``): without AWS_REGION the controller asks IMDS
+    (karpenter-provider-aws pkg/operator/operator.go), which hop limit 1 keeps pods from reaching.
+    """
     return {
         "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name},
+        "controller": {"env": [{"name": "AWS_REGION", "value": region}]},
         "serviceAccount": {"name": SERVICE_ACCOUNT, "annotations": {"eks.amazonaws.com/role-arn": role_arn}},
         "nodeSelector": SYSTEM_NODES,
         "replicas": 2,
@@ -278,7 +283,7 @@ class Karpenter(pulumi.ComponentResource):
         self, queue: aws.sqs.Queue, role: aws.iam.Role, iam: list[pulumi.Resource]
     ) -> kubernetes.helm.v3.Release:
         values = pulumi.Output.all(self._args.cluster_endpoint, queue.name, role.arn).apply(
-            lambda v: karpenter_values(self._args.cluster_name, v[0], v[1], v[2])
+            lambda v: karpenter_values(self._args.cluster_name, v[0], v[1], v[2], self._args.region)
         )
         return kubernetes.helm.v3.Release(
             f"{self._name}-chart", **release_args(KARPENTER, NAMESPACE), values=values, opts=self._k8s(*iam)

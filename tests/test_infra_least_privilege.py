@@ -231,3 +231,9 @@ def test_stacks_run_1_35_in_standard_support(stack):
     assert cluster.inputs["version"] == "1.35"
     assert support("1.35", TODAY) is Support.STANDARD
     assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_karpenter_is_told_its_region_since_its_pods_cannot_ask_imds(stack):
+    values = named(planned(stack), "karpenter-chart").inputs["values"]
+    assert values["controller"]["env"] == [{"name": "AWS_REGION", "value": load_stack(stack).region}]
