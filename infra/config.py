@@ -214,6 +214,8 @@ class ClusterConfig(Frozen):
         if self.endpoint_public and not self.public_access_cidrs:
             raise ValueError("cluster.endpoint_public needs cluster.public_access_cidrs: the networks that may reach "
                              "the Kubernetes API (never 0.0.0.0/0)")
+        if self.public_access_cidrs and not self.endpoint_public:
+            raise ValueError("cluster.public_access_cidrs needs cluster.endpoint_public: true")
         if self.private_access_cidrs and not self.endpoint_private:
             raise ValueError("cluster.private_access_cidrs needs cluster.endpoint_private: true")
         names = [self.system_node_group.name] + [group.name for group in self.gpu_node_groups]

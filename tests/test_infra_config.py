@@ -10,7 +10,7 @@ import pytest
 from infra.config import ConfigError, load_stack, parse_stack, stack_file
 from infra.plan import plan_values, stack_values
 
-ACCESS = {"public_access_cidrs": ["198.51.100.0/24"]}
+ACCESS = {"endpoint_public": True, "public_access_cidrs": ["198.51.100.0/24"]}
 BASE = {"gpuyard:cluster_name": "gpuyard-test"}
 
 

@@ -159,6 +159,7 @@ def test_api_endpoint_is_never_open_to_anywhere(stack):
         ({"endpoint_public": True, "public_access_cidrs": ["10.0.0.300/8"]}, "'10.0.0.300/8' is not a CIDR network"),
         ({"endpoint_public": True, "endpoint_private": False, "public_access_cidrs": ["198.51.100.0/24"],
           "private_access_cidrs": ["10.9.0.0/16"]}, "private_access_cidrs needs cluster.endpoint_private"),
+        ({"public_access_cidrs": ["198.51.100.0/24"]}, "public_access_cidrs needs cluster.endpoint_public: true"),
     ],
 )
 def test_endpoint_access_mistakes_are_refused_at_config_time(cluster, message):
