@@ -1,9 +1,9 @@
 """EKS Kubernetes versions and their support windows, to refuse a version EKS no longer runs.
 
 Dates (UTC) from the Amazon EKS Kubernetes release calendar, awsdocs/amazon-eks-user-guide
-``latest/ug/versioning/kubernetes-versions.adoc`` (1.29 to 1.34); 1.35's from the same calendar as published on
-docs.aws.amazon.com (EKS release 2026-01-27, via endoflife.date/amazon-eks). Standard support lasts 14 months from
-the EKS release, extended support 12 more; past that EKS upgrades the control plane by itself and creates no cluster.
+``latest/ug/versioning/kubernetes-versions.adoc`` (1.29 to 1.34). That snapshot predates 1.35: its dates (EKS release
+2026-01-27) are from endoflife.date/amazon-eks, which tracks the calendar. Standard support lasts 14 months from the
+EKS release, extended support 12 more; past that EKS upgrades the control plane by itself and creates no cluster.
 """
 
 from __future__ import annotations

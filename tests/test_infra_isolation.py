@@ -13,6 +13,7 @@ import pytest
 
 from infra.config import ConfigError, load_stack, parse_stack
 from infra.tenancy import POD_ADMISSION_POLICY, pod_admission_validations
+from infra.plan import plan_values, stack_values
 from infra_plans import of_type, planned
 from jobs.render import default_specs, render
 from pod_security import pod_specs, restricted_violations
@@ -37,7 +38,7 @@ def test_team_namespaces_enforce_restricted(stack):
 def test_baseline_needs_a_written_reason():
     with pytest.raises(ConfigError, match="pod_security baseline needs pod_security_reason"):
         parse_stack("t", {"gpuyard:cluster_name": "t", "gpuyard:teams": [{"name": "a", "pod_security": "baseline"}]})
-    reason = "profiler needs SYS_PTRACE until the image drops it"
+    reason = "profiler image runs as root until rebuilt"
     config = parse_stack("t", {"gpuyard:cluster_name": "t", "gpuyard:teams": [
         {"name": "a", "pod_security": "baseline", "pod_security_reason": reason}]})
     assert config.team("a").pod_security == "baseline"
@@ -240,3 +241,12 @@ def test_the_rest_is_closed(policies):
 def test_vpc_cni_enforces_network_policies(stack):
     (addon,) = [a for a in of_type(planned(stack), "aws:eks/addon:Addon") if a.inputs["addonName"] == "vpc-cni"]
     assert json.loads(addon.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+
+
+def test_a_baseline_team_gets_a_baseline_namespace():
+    values = {**stack_values("dev"), "gpuyard:teams": [
+        {"name": "vision"}, {"name": "perf", "pod_security": "baseline", "pod_security_reason": "profiler image runs as root until rebuilt"}]}
+    namespaces = {n.inputs["metadata"]["name"]: n.inputs["metadata"]["labels"]
+                  for n in of_type(plan_values("dev", values).resources, NAMESPACE)}
+    assert namespaces["team-perf"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert namespaces["team-vision"]["pod-security.kubernetes.io/enforce"] == "restricted"

@@ -4,6 +4,7 @@ IMDS hop limit 1 on every node, an API endpoint never open to the internet, EKS 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import date
 
 import pytest
@@ -238,3 +239,11 @@ def test_stacks_run_1_35_in_standard_support(stack):
 def test_karpenter_is_told_its_region_since_its_pods_cannot_ask_imds(stack):
     values = named(planned(stack), "karpenter-chart").inputs["values"]
     assert values["controller"]["env"] == [{"name": "AWS_REGION", "value": load_stack(stack).region}]
+
+
+def test_deployments_start_by_saying_where_the_api_is_reachable_from(caplog):
+    caplog.set_level(logging.INFO)
+    plan_values("prod", stack_values("prod"))
+    assert load_stack("prod").cluster.endpoint_notice("10.30.0.0/16") in caplog.messages
+    assert any(m.startswith("checkpoint bucket gpuyard-prod-checkpoints and the image registries are protected")
+               for m in caplog.messages)
