@@ -12,7 +12,8 @@ from infra.karpenter import Karpenter, KarpenterArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
-from infra.tenancy import PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
+from infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
+                           TeamTenancy)
 from jobs.images import image_ref
 
 

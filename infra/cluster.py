@@ -49,7 +49,8 @@ def node_labels(group: NodeGroupConfig, gpu: bool) -> dict[str, str]:
 
 
 def launch_template_spec(disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None) -> dict:
-    """Launch template inputs for managed nodes: IMDSv2 only, hop limit 1 (pods use IRSA and cannot reach the node role), encrypted gp3 root.
+    """Launch template inputs for managed nodes: IMDSv2 only with hop limit 1 (pods use IRSA and cannot reach the
+    node role's credentials), encrypted gp3 root.
 
     With ``efa_security_group_id`` the primary interface is an EFA interface in that (cluster) security group,
     which lets EFA traffic flow between the nodes.

@@ -58,7 +58,8 @@ class Team(Frozen):
     @model_validator(mode="after")
     def _baseline_has_a_reason(self) -> "Team":
         if self.pod_security == "baseline" and not self.pod_security_reason:
-            raise ValueError(f"team {self.name!r}: pod_security baseline needs pod_security_reason (why not restricted)")
+            raise ValueError(
+                f"team {self.name!r}: pod_security baseline needs pod_security_reason (why not restricted)")
         return self
 
     @model_validator(mode="after")

@@ -45,8 +45,9 @@ INTERRUPTION_EVENTS = {
 # EC2 needs this service-linked role to launch spot instances; a fresh account has none (Karpenter's getting started).
 SPOT_ROLE_NAME = "AWSServiceRoleForEC2Spot"
 SPOT_ROLE_PATH = "/aws-service-role/spot.amazonaws.com/"
-# How long a node may drain before Karpenter deletes its pods anyway (NodePool spec.template.spec.terminationGracePeriod,
-# karpenter.sh/v1): long enough for a training job to write its checkpoint, short enough that teardown ends.
+# How long a node may drain before Karpenter deletes its pods anyway (karpenter.sh/v1 NodePool
+# spec.template.spec.terminationGracePeriod): long enough for a job to write its checkpoint, short enough that
+# teardown ends.
 GPU_TERMINATION_GRACE = "1h"
 CPU_TERMINATION_GRACE = "15m"
 

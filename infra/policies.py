@@ -180,7 +180,9 @@ def karpenter_controller_policy(
                 "Condition": {
                     **owned_nodepool,
                     "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
-                    "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]},
+                    "ForAllValues:StringEquals": {
+                        "aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]
+                    },
                 },
             },
             {
@@ -224,7 +226,9 @@ def karpenter_controller_policy(
                 "Sid": "AllowScopedInstanceProfileActions",
                 "Effect": "Allow",
                 "Resource": profiles,
-                "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
+                "Action": [
+                    "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"
+                ],
                 "Condition": {
                     "StringEquals": profile_owned,
                     "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},

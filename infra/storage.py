@@ -63,8 +63,8 @@ class Storage(pulumi.ComponentResource):
         self._opts = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
         self._kept = pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(protect=args.config.protect))
         if args.config.protect:
-            pulumi.log.info(f"checkpoint bucket {args.bucket_name} and the image registries are protected: pulumi destroy "
-                            "stops at them (`pulumi state unprotect` first to delete them)", resource=self)
+            pulumi.log.info(f"checkpoint bucket {args.bucket_name} and the image registries are protected: pulumi "
+                            "destroy stops at them (`pulumi state unprotect` first to delete them)", resource=self)
         bucket = self._create_bucket()
         access_block = self._create_public_access_block(bucket)
         self._create_encryption(bucket)

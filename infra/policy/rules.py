@@ -124,7 +124,7 @@ def _as_list(value: Any) -> list:
 
 
 def _covers(pattern: str, action: str) -> bool:
-    """Whether an IAM action pattern (``*``, ``ec2:*``, ``iam:*InstanceProfile``; case-insensitive) grants ``action``."""
+    """Whether an IAM action pattern (``*``, ``ec2:*``, ``iam:*InstanceProfile``, any case) grants ``action``."""
     return fnmatch.fnmatchcase(action.lower(), pattern.lower())
 
 
@@ -183,7 +183,8 @@ def check_network_policies_enforced(resources: list[tuple[str, str, Props, dict[
                 values = {}
             if str(values.get("enableNetworkPolicy", "")).lower() == "true":
                 return []
-    return ["NetworkPolicies are not enforced: set the vpc-cni add-on's configurationValues enableNetworkPolicy to \"true\""]
+    return ["NetworkPolicies are not enforced: set the vpc-cni add-on's configurationValues "
+            'enableNetworkPolicy to "true"']
 
 
 def _opens_ssh_to_anywhere(rule: Props, cidr_keys: tuple[str, ...]) -> bool:
