@@ -12,7 +12,8 @@ from infra.karpenter import Karpenter, KarpenterArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
-from infra.tenancy import PriorityClasses, PriorityClassesArgs, TeamArgs, TeamTenancy
+from infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
+                           TeamTenancy)
 
 
 def config_values() -> dict[str, str]:
@@ -23,9 +24,12 @@ def config_values() -> dict[str, str]:
 def build(config: StackConfig) -> dict[str, pulumi.Input]:
     """Create every component of the stack and return its outputs."""
     aws_provider = aws.Provider("aws", region=config.region, default_tags={"tags": {TAG_STACK: config.stack}})
+    pulumi.log.info(config.cluster.endpoint_notice(config.network.cidr))
     network = Network("network", NetworkArgs(config.cluster_name, config.network, aws_provider))
     cluster = Cluster(
-        "cluster", ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider)
+        "cluster",
+        ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider,
+                    vpc_cidr=config.network.cidr),
     )
     k8s = cluster.k8s_provider
     after_cluster = pulumi.ResourceOptions(depends_on=[cluster])
@@ -48,6 +52,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     addons = Addons("addons", AddonsArgs(config.addons, k8s))
     Monitoring("monitoring", MonitoringArgs(k8s))
     PriorityClasses("priority", PriorityClassesArgs(k8s))
+    PodAdmission("pod-admission", PodAdmissionArgs(k8s))
     storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
     # Teams' TrainingRuntimes run the ddp image from the stack's own ECR repository.
     trainer_image = storage.repository_urls.apply(lambda urls: f"{urls['ddp']}:{config.image_tag}")
@@ -55,7 +60,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
         team.name: TeamTenancy(
             f"team-{team.name}",
             TeamArgs(
-                team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons.volcano,
+                team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons,
                 aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or trainer_image,
             ),
         )

@@ -27,6 +27,15 @@ NODE_POLICIES = (
 )
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 EKS_ADDONS = ("vpc-cni", "coredns", "kube-proxy")
+# The vpc-cni add-on enforces NetworkPolicies only when asked to (add-on configuration value, a string;
+# awsdocs/amazon-eks-user-guide latest/ug/networking/cni-network-policy-configure.adoc).
+ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+API_PORT = 443
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """Where EKS writes control-plane logs; it creates the group itself, outside the stack, unless it exists."""
+    return f"/aws/eks/{cluster_name}/cluster"
 
 
 def gpu_node_taints() -> list[dict[str, str]]:
@@ -64,7 +73,8 @@ def efa_network_interfaces(cards: int, security_group_id: pulumi.Input[str]) -> 
 def launch_template_spec(
     disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None, efa_interfaces: int = 0
 ) -> dict:
-    """Launch template inputs for managed nodes: IMDSv2 only (hop limit 2 for pods), encrypted gp3 root.
+    """Launch template inputs for managed nodes: IMDSv2 only with hop limit 1 (pods use IRSA and cannot reach the
+    node role's credentials), encrypted gp3 root.
 
     With ``efa_interfaces`` the node gets that many EFA interfaces (one per network card) in the
     ``efa_security_group_id`` (cluster) security group, which lets EFA traffic flow between the nodes.
@@ -73,7 +83,7 @@ def launch_template_spec(
         "metadata_options": {
             "http_endpoint": "enabled",
             "http_tokens": "required",
-            "http_put_response_hop_limit": 2,
+            "http_put_response_hop_limit": 1,
         },
         "block_device_mappings": [
             {
@@ -117,6 +127,7 @@ class ClusterArgs:
     config: ClusterConfig
     private_subnet_ids: pulumi.Input[list[str]]
     aws_provider: aws.Provider
+    vpc_cidr: str
 
 
 class Cluster(pulumi.ComponentResource):
@@ -136,7 +147,9 @@ class Cluster(pulumi.ComponentResource):
         self._args = args
         self._opts = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
         key = self._create_secrets_key()
-        cluster = self._create_control_plane(key)
+        log_group = self._create_log_group()
+        cluster = self._create_control_plane(key, log_group)
+        self._create_api_access(cluster)
         oidc = self._create_oidc_provider(cluster)
         self._create_admin_access(cluster)
         self._create_eks_addons(cluster)
@@ -192,7 +205,15 @@ class Cluster(pulumi.ComponentResource):
         )
         return key
 
-    def _create_control_plane(self, key: aws.kms.Key) -> aws.eks.Cluster:
+    def _create_log_group(self) -> aws.cloudwatch.LogGroup:
+        return aws.cloudwatch.LogGroup(
+            f"{self._name}-control-plane-logs",
+            name=control_plane_log_group(self._args.cluster_name),
+            retention_in_days=self._args.config.log_retention_days,
+            opts=self._opts,
+        )
+
+    def _create_control_plane(self, key: aws.kms.Key, log_group: aws.cloudwatch.LogGroup) -> aws.eks.Cluster:
         config = self._args.config
         role = self._role("cluster", "eks.amazonaws.com", ("AmazonEKSClusterPolicy",))
         return aws.eks.Cluster(
@@ -209,8 +230,26 @@ class Cluster(pulumi.ComponentResource):
             access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
             encryption_config={"resources": ["secrets"], "provider": {"key_arn": key.arn}},
             enabled_cluster_log_types=list(config.log_types),
-            opts=self._opts,
+            upgrade_policy={"support_type": "EXTENDED" if config.allow_extended_support else "STANDARD"},
+            opts=pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(depends_on=[log_group])),
         )
+
+    def _create_api_access(self, cluster: aws.eks.Cluster) -> None:
+        """The private endpoint's door: HTTPS from the VPC and from ``private_access_cidrs`` (VPN, peered CI) into the
+        cluster security group, so ``pulumi up`` and kubectl work from there when the endpoint is private."""
+        if not self._args.config.endpoint_private:
+            return
+        for index, cidr in enumerate((self._args.vpc_cidr, *self._args.config.private_access_cidrs)):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{self._name}-api-{index}",
+                security_group_id=cluster.vpc_config.cluster_security_group_id,
+                cidr_ipv4=cidr,
+                ip_protocol="tcp",
+                from_port=API_PORT,
+                to_port=API_PORT,
+                description="Kubernetes API from the VPC" if index == 0 else "Kubernetes API from a deploying network",
+                opts=self._opts,
+            )
 
     def _create_oidc_provider(self, cluster: aws.eks.Cluster) -> aws.iam.OpenIdConnectProvider:
         return aws.iam.OpenIdConnectProvider(
@@ -240,7 +279,11 @@ class Cluster(pulumi.ComponentResource):
 
     def _create_eks_addons(self, cluster: aws.eks.Cluster) -> None:
         for addon in EKS_ADDONS:
-            aws.eks.Addon(f"{self._name}-{addon}", cluster_name=cluster.name, addon_name=addon, opts=self._opts)
+            configuration = ADDON_CONFIGURATION.get(addon)
+            aws.eks.Addon(
+                f"{self._name}-{addon}", cluster_name=cluster.name, addon_name=addon,
+                configuration_values=json.dumps(configuration) if configuration else None, opts=self._opts,
+            )
 
     def _create_node_role(self) -> aws.iam.Role:
         return self._role("node", "ec2.amazonaws.com", NODE_POLICIES)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from infra.instance_types import GPU_INSTANCE_TYPES
+from infra.eks_versions import check_version
 from infra.validation import validation_message
 
 PROJECT = "gpuyard"
@@ -50,6 +52,16 @@ class Team(Frozen):
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
     priority_class: Label = "gpuyard-normal"
     member_role_arns: tuple[RoleArn, ...] = ()  # IAM roles mapped to the team's Kubernetes group
+    # Pod Security Standard the namespace enforces; ``baseline`` only with ``pod_security_reason`` saying why.
+    pod_security: Literal["restricted", "baseline"] = "restricted"
+    pod_security_reason: Annotated[str, Field(min_length=10)] | None = None
+
+    @model_validator(mode="after")
+    def _baseline_has_a_reason(self) -> "Team":
+        if self.pod_security == "baseline" and not self.pod_security_reason:
+            raise ValueError(
+                f"team {self.name!r}: pod_security baseline needs pod_security_reason (why not restricted)")
+        return self
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> "Team":
@@ -71,6 +83,8 @@ GPU_FAMILIES = frozenset({"g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d",
 EFA_FAMILIES = frozenset({"g6e", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
 CPU_FAMILIES = frozenset({"c6i", "c7i", "m5", "m6a", "m6i", "m7a", "m7i", "r6i", "r7i", "t3"})
 CONTROL_PLANE_LOGS = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653)  # what CloudWatch Logs accepts
 
 
 def instance_family(instance_type: str) -> str:
@@ -170,27 +184,70 @@ class GpuNodeGroupConfig(NodeGroupConfig):
         return GPU_INSTANCE_TYPES[self.instance_types[0]].efa if self.efa else 0
 
 
-class ClusterConfig(Frozen):
-    """The EKS control plane, its endpoint access and its managed node groups."""
+def _networks(key: str, cidrs: tuple[str, ...]) -> None:
+    for cidr in cidrs:
+        try:
+            network = ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ValueError(f"{key}: {cidr!r} is not a CIDR network") from None
+        if network.prefixlen == 0:
+            raise ValueError(f"{key}: {cidr!r} opens the Kubernetes API to the whole internet; list your networks")
 
-    kubernetes_version: Annotated[str, Field(pattern=r"^1\.(29|3[0-9])$")] = "1.33"
-    endpoint_public: bool = True
+
+class ClusterConfig(Frozen):
+    """The EKS control plane, its endpoint access and its managed node groups.
+
+    By default the endpoint is private. A public endpoint admits only ``public_access_cidrs``, which the stack must
+    list. The private endpoint is reached from the VPC or from networks routed into it (VPN, peering, Transit
+    Gateway), ``private_access_cidrs``: the cluster security group admits both on 443, so ``pulumi up`` and kubectl
+    work from there.
+    """
+
+    kubernetes_version: str = "1.35"
+    allow_extended_support: bool = False  # EKS extended support: extra cost per cluster hour
+    endpoint_public: bool = False
     endpoint_private: bool = True
-    public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    public_access_cidrs: tuple[str, ...] = ()
+    private_access_cidrs: tuple[str, ...] = ()
     log_types: tuple[Literal[CONTROL_PLANE_LOGS], ...] = CONTROL_PLANE_LOGS
+    log_retention_days: Literal[LOG_RETENTION_DAYS] = 90  # the control-plane log group's, which the stack owns
     admin_role_arns: tuple[RoleArn, ...] = ()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     gpu_node_groups: tuple[GpuNodeGroupConfig, ...] = ()
 
     @model_validator(mode="after")
+    def _supported_version(self, info: ValidationInfo) -> "ClusterConfig":
+        today = (info.context or {}).get("today") or datetime.now(UTC).date()
+        check_version(self.kubernetes_version, today, self.allow_extended_support)
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> "ClusterConfig":
         if not (self.endpoint_public or self.endpoint_private):
             raise ValueError("endpoint_public and endpoint_private are both false: the API would be unreachable")
+        _networks("cluster.public_access_cidrs", self.public_access_cidrs)
+        _networks("cluster.private_access_cidrs", self.private_access_cidrs)
+        if self.endpoint_public and not self.public_access_cidrs:
+            raise ValueError("cluster.endpoint_public needs cluster.public_access_cidrs: the networks that may reach "
+                             "the Kubernetes API (never 0.0.0.0/0)")
+        if self.public_access_cidrs and not self.endpoint_public:
+            raise ValueError("cluster.public_access_cidrs needs cluster.endpoint_public: true")
+        if self.private_access_cidrs and not self.endpoint_private:
+            raise ValueError("cluster.private_access_cidrs needs cluster.endpoint_private: true")
         names = [self.system_node_group.name] + [group.name for group in self.gpu_node_groups]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"duplicate node group name {duplicates[0]!r}")
         return self
+
+    def endpoint_notice(self, vpc_cidr: str) -> str:
+        """One line on where ``pulumi up`` and kubectl can reach the Kubernetes API from."""
+        private = ", ".join((vpc_cidr, *self.private_access_cidrs))
+        if not self.endpoint_public:
+            return (f"private EKS endpoint: run `pulumi up` and kubectl from {private} (the VPC, or networks routed "
+                    "into it by VPN, peering or Transit Gateway, listed in cluster.private_access_cidrs)")
+        reach = f"public EKS endpoint open to {', '.join(self.public_access_cidrs)}"
+        return f"{reach}; private endpoint from {private}" if self.endpoint_private else reach
 
 
 class KarpenterConfig(Frozen):
@@ -220,10 +277,20 @@ class AddonsConfig(Frozen):
 
 
 class StorageConfig(Frozen):
-    """Checkpoint bucket lifecycle."""
+    """Checkpoint bucket lifecycle; what ``pulumi destroy`` does with the bucket and the image registries.
+
+    ``force_destroy`` empties them on destroy (short-lived stacks); ``protect`` makes destroy stop at them.
+    """
 
     noncurrent_days: Annotated[int, Field(ge=1)] = 30
     force_destroy: bool = False
+    protect: bool = False
+
+    @model_validator(mode="after")
+    def _one_fate(self) -> "StorageConfig":
+        if self.force_destroy and self.protect:
+            raise ValueError("storage.force_destroy and storage.protect are both true: choose one")
+        return self
 
 
 class Lease(Frozen):
@@ -289,14 +356,15 @@ def _decoded(value: Any) -> Any:
     return value
 
 
-def parse_stack(stack: str, values: dict[str, Any]) -> StackConfig:
-    """Build a StackConfig from the ``gpuyard:`` and ``aws:`` keys of a stack's config."""
+def parse_stack(stack: str, values: dict[str, Any], today: date | None = None) -> StackConfig:
+    """Build a StackConfig from the ``gpuyard:`` and ``aws:`` keys of a stack's config (EKS version support judged
+    on ``today``, UTC, by default the real one)."""
     ours = {k.split(":", 1)[1]: _decoded(v) for k, v in values.items() if k.startswith(f"{PROJECT}:")}
     if "aws:region" in values:
         ours.setdefault("region", values["aws:region"])
     ours.setdefault("stack", stack)
     try:
-        return StackConfig.model_validate(ours)
+        return StackConfig.model_validate(ours, context={"today": today})
     except ValidationError as error:
         raise ConfigError(f"stack {stack!r}: {validation_message(error, with_input=False)}") from None
 

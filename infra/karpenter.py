@@ -44,7 +44,18 @@ INTERRUPTION_EVENTS = {
     "spot": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
     "state": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
-}
+    "capacity-reservation": {
+        "source": ["aws.ec2"], "detail-type": ["EC2 Capacity Reservation Instance Interruption Warning"]
+    },
+}  # the rules of aws/karpenter-provider-aws v1.14.1 website/.../getting-started-with-karpenter/cloudformation.yaml
+# EC2 needs this service-linked role to launch spot instances; a fresh account has none (Karpenter's getting started).
+SPOT_ROLE_NAME = "AWSServiceRoleForEC2Spot"
+SPOT_ROLE_PATH = "/aws-service-role/spot.amazonaws.com/"
+# How long a node may drain before Karpenter deletes its pods anyway (karpenter.sh/v1 NodePool
+# spec.template.spec.terminationGracePeriod): long enough for a job to write its checkpoint, short enough that
+# teardown ends.
+GPU_TERMINATION_GRACE = "1h"
+CPU_TERMINATION_GRACE = "15m"
 
 
 def gpu_taint() -> dict[str, str]:
@@ -97,6 +108,7 @@ def node_pool_spec(
         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODE_CLASS},
         "requirements": requirements,
         "expireAfter": "Never" if gpu else "720h",
+        "terminationGracePeriod": GPU_TERMINATION_GRACE if gpu else CPU_TERMINATION_GRACE,
     }
     labels = {"gpuyard.io/nodepool": name}
     if gpu:
@@ -140,13 +152,17 @@ def node_pools(config: KarpenterConfig) -> dict[str, dict]:
 
 
 def ec2_node_class_spec(cluster_name: str, node_role: str, security_group_id: str) -> dict:
-    """The EC2NodeClass: AL2023 (NVIDIA variant picked per instance), discovery-tagged subnets, IMDSv2 only."""
+    """The EC2NodeClass: AL2023 (NVIDIA variant picked per instance), discovery-tagged subnets, IMDSv2 only.
+
+    Hop limit 1: pods (IRSA) cannot reach the node role's credentials through IMDS (karpenter-provider-aws v1.14
+    ``website/content/en/v1.14/concepts/nodeclasses.md``, metadataOptions).
+    """
     return {
         "role": node_role,
         "amiSelectorTerms": [{"alias": AMI_ALIAS}],
         "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": cluster_name}}],
         "securityGroupSelectorTerms": [{"id": security_group_id}],
-        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 2},
+        "metadataOptions": {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1},
         "blockDeviceMappings": [
             {"deviceName": "/dev/xvda", "ebs": {"volumeSize": "200Gi", "volumeType": "gp3", "encrypted": True}}
         ],
@@ -154,10 +170,15 @@ def ec2_node_class_spec(cluster_name: str, node_role: str, security_group_id: st
     }
 
 
-def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn: str) -> dict:
-    """Helm values: cluster settings, the IRSA annotation, controllers on the system node group."""
+def karpenter_values(cluster_name: str, endpoint: str, queue_name: str, role_arn: str, region: str) -> dict:
+    """Helm values: cluster settings, the IRSA annotation, controllers on the system node group.
+
+    The region is given (chart value ``controller.env``): without AWS_REGION the controller asks IMDS
+    (karpenter-provider-aws pkg/operator/operator.go), which hop limit 1 keeps pods from reaching.
+    """
     return {
         "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name},
+        "controller": {"env": [{"name": "AWS_REGION", "value": region}]},
         "serviceAccount": {"name": SERVICE_ACCOUNT, "annotations": {"eks.amazonaws.com/role-arn": role_arn}},
         "nodeSelector": SYSTEM_NODES,
         "replicas": 2,
@@ -190,11 +211,12 @@ class Karpenter(pulumi.ComponentResource):
         self._name = name
         self._args = args
         self._aws = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
-        node_role = self._create_node_role()
+        node_role, node_access = self._create_node_role()
         queue = self._create_interruption_queue()
-        controller_role = self._create_controller_role(queue, node_role)
-        release = self._create_release(queue, controller_role)
-        node_class = self._create_node_class(node_role, release)
+        controller_role, controller_policy = self._create_controller_role(queue, node_role)
+        iam = [controller_policy, *node_access, *self._create_spot_service_linked_role()]
+        release = self._create_release(queue, controller_role, iam)
+        node_class = self._create_node_class(node_role, release, iam)
         self._create_node_pools(node_class)
         self.controller_role_arn = controller_role.arn
         self.node_role_name = node_role.name
@@ -210,24 +232,27 @@ class Karpenter(pulumi.ComponentResource):
     def _k8s(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, provider=self._args.k8s_provider, depends_on=list(depends_on))
 
-    def _create_node_role(self) -> aws.iam.Role:
+    def _create_node_role(self) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
+        """The node role, and what lets its nodes join (policy attachments, the access entry)."""
         role = aws.iam.Role(
             f"{self._name}-node",
             assume_role_policy=json.dumps(service_assume_role_policy("ec2.amazonaws.com")),
             opts=self._aws,
         )
-        for policy in NODE_POLICIES:
+        access: list[pulumi.Resource] = [
             aws.iam.RolePolicyAttachment(
                 f"{self._name}-node-{policy}", role=role.name, policy_arn=f"{MANAGED}/{policy}", opts=self._aws
             )
-        aws.eks.AccessEntry(
+            for policy in NODE_POLICIES
+        ]
+        access.append(aws.eks.AccessEntry(
             f"{self._name}-node",
             cluster_name=self._args.cluster_name,
             principal_arn=role.arn,
             type="EC2_LINUX",
             opts=self._aws,
-        )
-        return role
+        ))
+        return role, access
 
     def _create_interruption_queue(self) -> aws.sqs.Queue:
         queue = aws.sqs.Queue(
@@ -248,7 +273,9 @@ class Karpenter(pulumi.ComponentResource):
             aws.cloudwatch.EventTarget(f"{self._name}-{event}", rule=rule.name, arn=queue.arn, opts=self._aws)
         return queue
 
-    def _create_controller_role(self, queue: aws.sqs.Queue, node_role: aws.iam.Role) -> aws.iam.Role:
+    def _create_controller_role(
+        self, queue: aws.sqs.Queue, node_role: aws.iam.Role
+    ) -> tuple[aws.iam.Role, aws.iam.RolePolicy]:
         args = self._args
         role = aws.iam.Role(
             f"{self._name}-controller",
@@ -257,7 +284,7 @@ class Karpenter(pulumi.ComponentResource):
             ),
             opts=self._aws,
         )
-        aws.iam.RolePolicy(
+        policy = aws.iam.RolePolicy(
             f"{self._name}-controller",
             role=role.id,
             policy=pulumi.Output.all(args.cluster_arn, queue.arn, node_role.arn).apply(
@@ -265,19 +292,43 @@ class Karpenter(pulumi.ComponentResource):
             ),
             opts=self._aws,
         )
-        return role
+        return role, policy
 
-    def _create_release(self, queue: aws.sqs.Queue, role: aws.iam.Role) -> kubernetes.helm.v3.Release:
+    def _create_spot_service_linked_role(self) -> list[aws.iam.ServiceLinkedRole]:
+        """EC2's spot service-linked role, when spot is used and the account lacks it.
+
+        The role is account-wide and cannot be created twice, so the program looks it up first and creates it only
+        when absent, retained on delete: other stacks' spot nodes depend on it. The next run finds it and drops it
+        from this stack's state without deleting it, so ``pulumi up`` never fails on an account that has it.
+        """
+        if not self._args.config.spot:
+            return []
+        existing = aws.iam.get_roles(
+            name_regex=f"^{SPOT_ROLE_NAME}$", path_prefix=SPOT_ROLE_PATH,
+            opts=pulumi.InvokeOptions(provider=self._args.aws_provider),
+        )
+        if existing.names:
+            return []
+        return [aws.iam.ServiceLinkedRole(
+            f"{self._name}-spot-service-role", aws_service_name="spot.amazonaws.com",
+            opts=pulumi.ResourceOptions.merge(self._aws, pulumi.ResourceOptions(retain_on_delete=True)),
+        )]
+
+    def _create_release(
+        self, queue: aws.sqs.Queue, role: aws.iam.Role, iam: list[pulumi.Resource]
+    ) -> kubernetes.helm.v3.Release:
         values = pulumi.Output.all(self._args.cluster_endpoint, queue.name, role.arn).apply(
-            lambda v: karpenter_values(self._args.cluster_name, v[0], v[1], v[2])
+            lambda v: karpenter_values(self._args.cluster_name, v[0], v[1], v[2], self._args.region)
         )
         return kubernetes.helm.v3.Release(
-            f"{self._name}-chart", **release_args(KARPENTER, NAMESPACE), values=values, opts=self._k8s()
+            f"{self._name}-chart", **release_args(KARPENTER, NAMESPACE), values=values, opts=self._k8s(*iam)
         )
 
     def _create_node_class(
-        self, node_role: aws.iam.Role, release: kubernetes.helm.v3.Release
+        self, node_role: aws.iam.Role, release: kubernetes.helm.v3.Release, iam: list[pulumi.Resource]
     ) -> kubernetes.apiextensions.CustomResource:
+        """Depends on the controller and its IAM, so destroy removes it (and the NodePools) while the controller can
+        still terminate their instances, delete its instance profile and clear their finalizers."""
         spec = pulumi.Output.all(node_role.name, self._args.security_group_id).apply(
             lambda v: ec2_node_class_spec(self._args.cluster_name, v[0], v[1])
         )
@@ -287,7 +338,7 @@ class Karpenter(pulumi.ComponentResource):
             kind="EC2NodeClass",
             metadata={"name": NODE_CLASS},
             spec=spec,
-            opts=self._k8s(release),
+            opts=self._k8s(release, *iam),
         )
 
     def _create_node_pools(self, node_class: kubernetes.apiextensions.CustomResource) -> None:

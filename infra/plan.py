@@ -7,6 +7,7 @@ plausible outputs (ARNs, ids, endpoints) and the provider calls the program make
 from __future__ import annotations
 
 import json
+import re
 import runpy
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ class PlannedResource:
     urn: str = ""
     provider: str = ""  # the explicit provider reference (``<urn>::<id>``), empty for components
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    dependencies: list[str] = field(default_factory=list)  # urns it waits for on create and outlives on destroy
+    protect: bool = False
+    retain_on_delete: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs}
@@ -52,6 +56,7 @@ class PlanMocks(pulumi.runtime.Mocks):
     """Answers registrations with their inputs plus what providers would compute (ARNs, ids, endpoints)."""
 
     region: str
+    account_roles: tuple[str, ...] = ()  # IAM roles the account already has (``aws.iam.get_roles`` finds them)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         name = args.inputs.get("name") or args.name
@@ -91,6 +96,9 @@ class PlanMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs):
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
             return {"names": [f"{self.region}{letter}" for letter in "abcd"], "id": self.region}
+        if args.token == "aws:iam/getRoles:getRoles":
+            names = [r for r in self.account_roles if re.search(args.args.get("nameRegex", ""), r)]
+            return {"names": names, "arns": [f"arn:aws:iam::{ACCOUNT_ID}:role/{r}" for r in names], "id": "roles"}
         raise ValueError(f"plan mocks do not answer {args.token}")
 
 
@@ -115,7 +123,8 @@ class RecordingMonitor(MockMonitor):
             dependencies = {key: list(deps.urns) for key, deps in request.propertyDependencies.items()}
             self.planned.append(
                 PlannedResource(
-                    request.type, request.name, parent, _plain(inputs), response.urn, request.provider, dependencies
+                    request.type, request.name, parent, _plain(inputs), response.urn, request.provider, dependencies,
+                    list(request.dependencies), request.protect, request.retainOnDelete,
                 )
             )
         return response
@@ -163,10 +172,11 @@ class Plan:
     outputs: dict[str, Any]
 
 
-def plan_values(stack: str, values: dict[str, Any]) -> Plan:
-    """Run the program for ``stack`` with these config values; return what it registers and exports."""
+def plan_values(stack: str, values: dict[str, Any], account_roles: tuple[str, ...] = ()) -> Plan:
+    """Run the program for ``stack`` with these config values (in an account that has ``account_roles``);
+    return what it registers and exports."""
     config = parse_stack(stack, values)
-    monitor = RecordingMonitor(PlanMocks(region=config.region))
+    monitor = RecordingMonitor(PlanMocks(region=config.region, account_roles=account_roles))
     settings.reset_options(project=PROJECT, stack=stack, preview=False)
     set_all_config(encode_config(values))
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)

@@ -109,34 +109,155 @@ def interruption_queue_policy(queue_arn: str) -> dict:
 def karpenter_controller_policy(
     cluster_name: str, cluster_arn: str, queue_arn: str, node_role_arn: str, region: str
 ) -> dict:
-    """What the Karpenter controller may do: launch and terminate tagged instances, read pricing and the queue."""
-    owned = {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"}}
-    in_region = {"StringEquals": {"aws:RequestedRegion": region}}
+    """Karpenter v1.14.1's own controller policy: create only what carries the cluster's and a NodePool's tags,
+    touch only what carries them already.
+
+    Statement for statement the policies of aws/karpenter-provider-aws v1.14.1,
+    ``website/content/en/v1.14/getting-started/getting-started-with-karpenter/cloudformation.yaml``
+    (NodeLifecycle, IAMIntegration, EKSIntegration, Interruption, ZonalShift, ResourceDiscovery); partition and account
+    come from the cluster's ARN.
+    """
+    partition, account = cluster_arn.split(":")[1], cluster_arn.split(":")[4]
+    ec2 = f"arn:{partition}:ec2:{region}"
+    profiles = f"arn:{partition}:iam::{account}:instance-profile/*"
+    created = [f"{ec2}:*:{kind}/*" for kind in
+               ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")]
+    owned_key = f"kubernetes.io/cluster/{cluster_name}"
+    request_tags = {f"aws:RequestTag/{owned_key}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name}
+    nodepool_requested = {"aws:RequestTag/karpenter.sh/nodepool": "*"}
+    owned_nodepool = {
+        "StringEquals": {f"aws:ResourceTag/{owned_key}": "owned"},
+        "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+    }
+    profile_owned = {f"aws:ResourceTag/{owned_key}": "owned", "aws:ResourceTag/topology.kubernetes.io/region": region}
+    profile_requested = {**request_tags, "aws:RequestTag/topology.kubernetes.io/region": region}
     return {
         "Version": VERSION,
         "Statement": [
             {
-                "Sid": "Provision",
+                "Sid": "AllowScopedEC2InstanceAccessActions",
                 "Effect": "Allow",
-                "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate", "ec2:CreateTags"],
-                "Resource": "*",
-                "Condition": in_region,
+                "Resource": [
+                    f"arn:{partition}:ec2:{region}::image/*",
+                    f"arn:{partition}:ec2:{region}::snapshot/*",
+                    *(f"{ec2}:*:{kind}/*" for kind in
+                      ("security-group", "subnet", "capacity-reservation", "placement-group")),
+                ],
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
             },
             {
-                "Sid": "Terminate",
+                "Sid": "AllowScopedEC2LaunchTemplateAccessActions",
                 "Effect": "Allow",
+                "Resource": f"{ec2}:*:launch-template/*",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+                "Condition": owned_nodepool,
+            },
+            {
+                "Sid": "AllowScopedEC2InstanceActionsWithTags",
+                "Effect": "Allow",
+                "Resource": created,
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+                "Condition": {"StringEquals": request_tags, "StringLike": nodepool_requested},
+            },
+            {
+                "Sid": "AllowScopedResourceCreationTagging",
+                "Effect": "Allow",
+                "Resource": created,
+                "Action": "ec2:CreateTags",
+                "Condition": {
+                    "StringEquals": {
+                        **request_tags,
+                        "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"],
+                    },
+                    "StringLike": nodepool_requested,
+                },
+            },
+            {
+                "Sid": "AllowScopedResourceTagging",
+                "Effect": "Allow",
+                "Resource": f"{ec2}:*:instance/*",
+                "Action": "ec2:CreateTags",
+                "Condition": {
+                    **owned_nodepool,
+                    "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
+                    "ForAllValues:StringEquals": {
+                        "aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]
+                    },
+                },
+            },
+            {
+                "Sid": "AllowScopedDeletion",
+                "Effect": "Allow",
+                "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
                 "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
-                "Resource": "*",
-                "Condition": owned,
+                "Condition": owned_nodepool,
             },
             {
-                "Sid": "Describe",
+                "Sid": "AllowPassingInstanceRole",
                 "Effect": "Allow",
+                "Resource": node_role_arn,
+                "Action": "iam:PassRole",
+                "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}},
+            },
+            {
+                "Sid": "AllowScopedInstanceProfileCreationActions",
+                "Effect": "Allow",
+                "Resource": profiles,
+                "Action": ["iam:CreateInstanceProfile"],
+                "Condition": {
+                    "StringEquals": profile_requested,
+                    "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+                },
+            },
+            {
+                "Sid": "AllowScopedInstanceProfileTagActions",
+                "Effect": "Allow",
+                "Resource": profiles,
+                "Action": ["iam:TagInstanceProfile"],
+                "Condition": {
+                    "StringEquals": {**profile_owned, **profile_requested},
+                    "StringLike": {
+                        "aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                        "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                    },
+                },
+            },
+            {
+                "Sid": "AllowScopedInstanceProfileActions",
+                "Effect": "Allow",
+                "Resource": profiles,
                 "Action": [
-                    "ec2:DescribeAvailabilityZones",
+                    "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"
+                ],
+                "Condition": {
+                    "StringEquals": profile_owned,
+                    "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+                },
+            },
+            {"Sid": "AllowAPIServerEndpointDiscovery", "Effect": "Allow", "Resource": cluster_arn,
+             "Action": "eks:DescribeCluster"},
+            {
+                "Sid": "AllowInterruptionQueueActions",
+                "Effect": "Allow",
+                "Resource": queue_arn,
+                "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
+            },
+            {
+                "Sid": "AllowZonalShiftStatusReadOnly",
+                "Effect": "Allow",
+                "Resource": "*",
+                "Action": ["arc-zonal-shift:GetManagedResource"],
+                "Condition": {"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}},
+            },
+            {
+                "Sid": "AllowRegionalReadActions",
+                "Effect": "Allow",
+                "Resource": "*",
+                "Action": [
                     "ec2:DescribeCapacityReservations",
                     "ec2:DescribeImages",
                     "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus",
                     "ec2:DescribeInstanceTypeOfferings",
                     "ec2:DescribeInstanceTypes",
                     "ec2:DescribeLaunchTemplates",
@@ -144,43 +265,19 @@ def karpenter_controller_policy(
                     "ec2:DescribeSecurityGroups",
                     "ec2:DescribeSpotPriceHistory",
                     "ec2:DescribeSubnets",
-                    "iam:ListInstanceProfiles",
-                    "pricing:GetProducts",
                 ],
-                "Resource": "*",
+                "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
             },
             {
-                "Sid": "AmiParameters",
+                "Sid": "AllowSSMReadActions",
                 "Effect": "Allow",
+                "Resource": f"arn:{partition}:ssm:{region}::parameter/aws/service/*",
                 "Action": "ssm:GetParameter",
-                "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*",
             },
-            {
-                "Sid": "Interruption",
-                "Effect": "Allow",
-                "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
-                "Resource": queue_arn,
-            },
-            {
-                "Sid": "PassNodeRole",
-                "Effect": "Allow",
-                "Action": "iam:PassRole",
-                "Resource": node_role_arn,
-                "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
-            },
-            {
-                "Sid": "InstanceProfiles",
-                "Effect": "Allow",
-                "Action": [
-                    "iam:AddRoleToInstanceProfile",
-                    "iam:CreateInstanceProfile",
-                    "iam:DeleteInstanceProfile",
-                    "iam:GetInstanceProfile",
-                    "iam:RemoveRoleFromInstanceProfile",
-                    "iam:TagInstanceProfile",
-                ],
-                "Resource": "*",
-            },
-            {"Sid": "Cluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
+            {"Sid": "AllowPricingReadActions", "Effect": "Allow", "Resource": "*", "Action": "pricing:GetProducts"},
+            {"Sid": "AllowUnscopedInstanceProfileListAction", "Effect": "Allow", "Resource": "*",
+             "Action": "iam:ListInstanceProfiles"},
+            {"Sid": "AllowInstanceProfileReadActions", "Effect": "Allow", "Resource": profiles,
+             "Action": "iam:GetInstanceProfile"},
         ],
     }

@@ -61,6 +61,10 @@ class Storage(pulumi.ComponentResource):
         self._name = name
         self._args = args
         self._opts = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
+        self._kept = pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(protect=args.config.protect))
+        if args.config.protect:
+            pulumi.log.info(f"checkpoint bucket {args.bucket_name} and the image registries are protected: pulumi "
+                            "destroy stops at them (`pulumi state unprotect` first to delete them)", resource=self)
         bucket = self._create_bucket()
         access_block = self._create_public_access_block(bucket)
         self._create_encryption(bucket)
@@ -80,7 +84,7 @@ class Storage(pulumi.ComponentResource):
             f"{self._name}-checkpoints",
             bucket=self._args.bucket_name,
             force_destroy=self._args.config.force_destroy,
-            opts=self._opts,
+            opts=self._kept,
         )
 
     def _create_public_access_block(self, bucket: aws.s3.Bucket) -> aws.s3.BucketPublicAccessBlock:
@@ -135,7 +139,7 @@ class Storage(pulumi.ComponentResource):
                 image_scanning_configuration={"scan_on_push": True},
                 encryption_configurations=[{"encryption_type": "KMS"}],
                 force_delete=self._args.config.force_destroy,
-                opts=self._opts,
+                opts=self._kept,
             )
             aws.ecr.LifecyclePolicy(
                 f"{self._name}-{image}",

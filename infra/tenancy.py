@@ -1,5 +1,10 @@
 """Tenancy: per team a namespace with quota, limits, a Volcano queue, RBAC, an IRSA identity, isolation and (with
-Trainer v2) the team's TrainingRuntime."""
+Trainer v2) the team's TrainingRuntime.
+
+Isolation: the namespace enforces a Pod Security Standard, NetworkPolicies deny what jobs do not need, and one
+ValidatingAdmissionPolicy refuses privileged and host-reaching pods in every team namespace, whoever creates them
+(people, or the operators that turn a team's job objects into pods).
+"""
 
 from __future__ import annotations
 
@@ -17,10 +22,27 @@ from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
 from infra import trainer_runtime
 
 JOB_GROUPS = ("kubeflow.org", "ray.io", "batch.volcano.sh", "trainer.kubeflow.org")
+PSS_LABEL = "pod-security.kubernetes.io"  # kubernetes/pod-security-admission, api/constants.go
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+KUBE_DNS = {"k8s-app": "kube-dns"}  # CoreDNS pods of the EKS coredns add-on
+KUBERAY_NAMESPACE = "kuberay-system"
+# KubeRay's operator submits RayJobs to and polls the Ray head's dashboard
+# (ray-project/kuberay v1.7, ray-operator/controllers/ray/utils/constant.go: DefaultDashboardPort).
+RAY_DASHBOARD_PORT = 8265
+RAY_HEAD = {"ray.io/node-type": "head"}
+INSTANCE_METADATA = "169.254.169.254/32"
+POD_ADMISSION_POLICY = "gpuyard-team-pods"
 
 
 def team_labels(team: Team) -> dict[str, str]:
     return {LABEL_TEAM: team.name, LABEL_PART_OF: PART_OF}
+
+
+def team_namespace_labels(team: Team) -> dict[str, str]:
+    """The team labels (the admission policy selects namespaces by ``LABEL_TEAM``) and the enforced Pod Security
+    Standard, also audited and warned about so ``kubectl`` says why a pod is refused."""
+    pss = {f"{PSS_LABEL}/{mode}": team.pod_security for mode in ("enforce", "audit", "warn")}
+    return {**team_labels(team), **pss, f"{PSS_LABEL}/enforce-version": "latest"}
 
 
 def team_quota(team: Team) -> dict[str, str]:
@@ -72,18 +94,119 @@ def team_group(team: Team) -> str:
     return f"gpuyard:{team.name}"
 
 
-def team_network_policy_spec() -> dict:
-    """Deny ingress from other namespaces: allow this namespace, and Prometheus on the metrics port."""
+def _namespace(name: str) -> dict:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}}
+
+
+def team_network_policies() -> dict[str, dict]:
+    """NetworkPolicy name -> spec: deny by default, then what jobs need. Enforced by the vpc-cni add-on's
+    ``enableNetworkPolicy`` (infra.cluster); policies add up, so each opens one path."""
     return {
-        "podSelector": {},
-        "policyTypes": ["Ingress"],
-        "ingress": [
-            {"from": [{"podSelector": {}}]},
-            {
-                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}}}],
+        "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        # ranks of one job (and a RayJob's submitter and head) talk to each other: NCCL, gloo, ssh, Ray GCS
+        "allow-same-namespace": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {}}]}],
+            "egress": [{"to": [{"podSelector": {}}]}],
+        },
+        "allow-dns": {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{
+                "to": [{**_namespace("kube-system"), "podSelector": {"matchLabels": KUBE_DNS}}],
+                "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+            }],
+        },
+        # S3 checkpoints, STS for IRSA: HTTPS anywhere but the instance metadata service
+        "allow-https-egress": {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [INSTANCE_METADATA]}}],
+                "ports": [{"port": 443, "protocol": "TCP"}],
+            }],
+        },
+        "allow-metrics-scrape": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [_namespace(MONITORING_NAMESPACE)],
                 "ports": [{"port": METRICS_PORT_NAME, "protocol": "TCP"}],
-            },
-        ],
+            }],
+        },
+        "allow-kuberay-operator": {
+            "podSelector": {"matchLabels": RAY_HEAD},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [_namespace(KUBERAY_NAMESPACE)],
+                "ports": [{"port": RAY_DASHBOARD_PORT, "protocol": "TCP"}],
+            }],
+        },
+    }
+
+
+POD_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def _every_container(condition: str) -> str:
+    """CEL: ``condition`` (over ``c``) holds for every container, init and ephemeral container of the pod."""
+    return " && ".join(
+        f"(!has(object.spec.{field}) || object.spec.{field}.all(c, {condition}))" for field in POD_CONTAINER_LISTS
+    )
+
+
+def pod_admission_validations() -> list[dict[str, str]]:
+    """CEL validations of a pod: what no team pod may do, whatever Pod Security level its namespace has."""
+    security = "!has(c.securityContext)"
+    return [
+        {
+            "expression": _every_container(
+                f"{security} || !has(c.securityContext.privileged) || c.securityContext.privileged == false"),
+            "message": "privileged containers are not allowed in team namespaces",
+        },
+        {
+            "expression": _every_container(
+                f"{security} || !has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add)"
+                " || size(c.securityContext.capabilities.add) == 0"),
+            "message": "containers in team namespaces may not add Linux capabilities",
+        },
+        {
+            "expression": "!has(object.spec.volumes) || object.spec.volumes.all(v, !has(v.hostPath))",
+            "message": "hostPath volumes are not allowed in team namespaces",
+        },
+        *(
+            {
+                "expression": f"!has(object.spec.{field}) || object.spec.{field} == false",
+                "message": f"{field} is not allowed in team namespaces",
+            }
+            for field in ("hostNetwork", "hostPID", "hostIPC")
+        ),
+    ]
+
+
+def pod_admission_policy_spec() -> dict:
+    """ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1): pods created or updated, by anyone."""
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [{
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["pods", "pods/ephemeralcontainers"],
+            }]
+        },
+        "validations": pod_admission_validations(),
+    }
+
+
+def pod_admission_binding_spec() -> dict:
+    """Binds the policy to every namespace carrying a team label, denying (not just warning)."""
+    return {
+        "policyName": POD_ADMISSION_POLICY,
+        "validationActions": ["Deny"],
+        "matchResources": {"namespaceSelector": {"matchExpressions": [{"key": LABEL_TEAM, "operator": "Exists"}]}},
     }
 
 
@@ -94,7 +217,7 @@ class TeamArgs:
     bucket_arn: pulumi.Input[str]
     oidc_provider_arn: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
-    volcano: pulumi.Resource
+    operators: pulumi.Resource  # Volcano and the job operators: their finalizers sit on the team's jobs
     aws_provider: aws.Provider
     k8s_provider: kubernetes.Provider
     trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime
@@ -122,7 +245,7 @@ class TeamTenancy(pulumi.ComponentResource):
         self._create_member_access()
         role = self._create_irsa_role()
         account = self._create_service_account(namespace, role)
-        self._create_network_policy(namespace)
+        self._create_network_policies(namespace)
         if args.trainer is not None:
             self._create_training_runtime(namespace, args.trainer)
         self.namespace = namespace.metadata.name
@@ -145,10 +268,12 @@ class TeamTenancy(pulumi.ComponentResource):
         return {"name": name, "namespace": self._team.namespace, "labels": team_labels(self._team)}
 
     def _create_namespace(self) -> kubernetes.core.v1.Namespace:
+        """Depends on the operators, so destroy deletes it (and its jobs) while they can still clear the jobs'
+        finalizers; the other way round the namespace hangs in Terminating."""
         return kubernetes.core.v1.Namespace(
             f"{self._name}-namespace",
-            metadata={"name": self._team.namespace, "labels": team_labels(self._team)},
-            opts=self._k8s(),
+            metadata={"name": self._team.namespace, "labels": team_namespace_labels(self._team)},
+            opts=self._k8s(self._args.operators),
         )
 
     def _create_quota(self, namespace: kubernetes.core.v1.Namespace) -> None:
@@ -170,7 +295,7 @@ class TeamTenancy(pulumi.ComponentResource):
             kind="Queue",
             metadata={"name": self._team.queue, "labels": team_labels(self._team)},
             spec=team_queue_spec(self._team),
-            opts=self._k8s(self._args.volcano),
+            opts=self._k8s(self._args.operators),
         )
 
     def _create_rbac(self, namespace: kubernetes.core.v1.Namespace) -> None:
@@ -229,11 +354,11 @@ class TeamTenancy(pulumi.ComponentResource):
             opts=self._k8s(namespace),
         )
 
-    def _create_network_policy(self, namespace: kubernetes.core.v1.Namespace) -> None:
-        kubernetes.networking.v1.NetworkPolicy(
-            f"{self._name}-isolation", metadata=self._metadata("deny-other-namespaces"), spec=team_network_policy_spec(),
-            opts=self._k8s(namespace),
-        )
+    def _create_network_policies(self, namespace: kubernetes.core.v1.Namespace) -> None:
+        for policy, spec in team_network_policies().items():
+            kubernetes.networking.v1.NetworkPolicy(
+                f"{self._name}-{policy}", metadata=self._metadata(policy), spec=spec, opts=self._k8s(namespace)
+            )
 
     def _create_training_runtime(self, namespace: kubernetes.core.v1.Namespace, trainer: pulumi.Resource) -> None:
         team = self._team
@@ -247,6 +372,28 @@ class TeamTenancy(pulumi.ComponentResource):
             ),
             opts=self._k8s(namespace, trainer),
         )
+
+
+@dataclass(frozen=True)
+class PodAdmissionArgs:
+    k8s_provider: kubernetes.Provider
+
+
+class PodAdmission(pulumi.ComponentResource):
+    """The admission policy and binding that keep every team namespace's pods off the host."""
+
+    def __init__(self, name: str, args: PodAdmissionArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpuyard:tenancy:PodAdmission", name, None, opts)
+        k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
+        metadata = {"name": POD_ADMISSION_POLICY, "labels": {LABEL_PART_OF: PART_OF}}
+        policy = kubernetes.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-policy", metadata=metadata, spec=pod_admission_policy_spec(), opts=k8s
+        )
+        kubernetes.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-binding", metadata=metadata, spec=pod_admission_binding_spec(),
+            opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=[policy])),
+        )
+        self.register_outputs({})
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """``gpuyard env cleanup`` against a real moto_server: exactly the cluster's leftovers go, in order.
 
-Seeds, for cluster ``alpha``, what Karpenter and the AWS Load Balancer Controller leave behind,
-plus look-alikes that must survive: the same kinds for cluster ``beta``, untagged ones, and
-``alpha``-tagged ones owned by the stack or EKS, not Karpenter-launched, attached or shared.
-Faults go through a real HTTP proxy in front of moto that throttles or goes down mid-way.
+Seeds, for an ephemeral cluster, what Karpenter (instances, launch templates, instance profiles),
+the VPC CNI (ENIs), the AWS Load Balancer Controller and the in-tree Service controller (classic and
+network load balancers) leave behind, each with the tags those controllers really use, plus look-alikes
+that must survive: the same kinds for another cluster, untagged ones, and ones tagged for the cluster but
+owned by the stack or EKS, not Karpenter-launched, attached or shared. Faults go through a real HTTP proxy
+in front of moto that throttles or goes down mid-way. A cluster that still exists, or is no ephemeral
+environment's, is refused unless ``--force``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan
 
 pytestmark = pytest.mark.slow
 
-CLUSTER, OTHER = "alpha", "beta"
+CLUSTER, OTHER = "gpuyard-ephemeral-alpha", "gpuyard-ephemeral-beta"  # the template's cluster name + env name
 REGION = "us-east-1"
 GPUYARD = str(Path(sys.executable).with_name("gpuyard"))
 
@@ -51,6 +54,10 @@ class Seeder:
         session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
         self.ec2 = session.client("ec2", endpoint_url=endpoint)
         self.elbv2 = session.client("elbv2", endpoint_url=endpoint)
+        self.elb = session.client("elb", endpoint_url=endpoint)
+        self.iam = session.client("iam", endpoint_url=endpoint)
+        self.eks = session.client("eks", endpoint_url=endpoint)
+        self.node_role = self.iam.create_role(RoleName="karpenter-node", AssumeRolePolicyDocument="{}")["Role"]["RoleName"]
         self.vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
         self.subnets = [self.ec2.create_subnet(VpcId=self.vpc, CidrBlock=f"10.0.{i}.0/24",
                                                AvailabilityZone=f"{REGION}{az}")["Subnet"]["SubnetId"]
@@ -98,21 +105,52 @@ class Seeder:
             self.ec2.attach_network_interface(NetworkInterfaceId=eni, InstanceId=host, DeviceIndex=1)
         return self._record(doomed, "network-interface", eni)
 
+    def classic_load_balancer(self, tags: dict[str, str], doomed: bool) -> str:
+        name = self._name("elb")
+        self.elb.create_load_balancer(LoadBalancerName=name, AvailabilityZones=[f"{REGION}a"], **_elb_tags(tags),
+                                      Listeners=[{"Protocol": "TCP", "LoadBalancerPort": 80, "InstancePort": 30080}])
+        return self._record(doomed, "classic-load-balancer", name)
+
+    def launch_template(self, name: str, tags: dict[str, str], doomed: bool) -> str:
+        template = self.ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={"ImageId": "ami-1"},
+                                                   TagSpecifications=_tag_spec("launch-template", tags))
+        return self._record(doomed, "launch-template", template["LaunchTemplate"]["LaunchTemplateId"])
+
+    def instance_profile(self, path: str, tags: dict[str, str], doomed: bool) -> str:
+        name = self._name("profile")
+        self.iam.create_instance_profile(InstanceProfileName=name, Path=path, **_elb_tags(tags))
+        self.iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=self.node_role)
+        return self._record(doomed, "instance-profile", name)
+
     def volume(self, tags: dict[str, str], doomed: bool) -> str:
         volume = self.ec2.create_volume(Size=8, AvailabilityZone=f"{REGION}a",
                                         TagSpecifications=_tag_spec("volume", tags))["VolumeId"]
         return self._record(doomed, "volume", volume)
 
     def cluster_leftovers(self, cluster: str, doomed: bool) -> None:
-        """What one cluster's controllers leave: Karpenter nodes, ALB/NLB + TGs, SG, ENI, PVC volume."""
-        self.instance({"karpenter.sh/nodepool": "gpu-on-demand", f"kubernetes.io/cluster/{cluster}": "owned"}, doomed)
+        """What one cluster's controllers leave: Karpenter nodes, launch templates and instance profiles,
+        ALB/NLB + TGs of the load balancer controller, classic and network LBs of the in-tree Service controller,
+        SG, ENIs (the VPC CNI's too), PVC volume."""
+        owned = {f"kubernetes.io/cluster/{cluster}": "owned"}
+        karpenter = {**owned, "eks:eks-cluster-name": cluster, "karpenter.sh/nodepool": "gpu-on-demand",
+                     "karpenter.k8s.aws/ec2nodeclass": "default"}
+        self.instance({"karpenter.sh/nodepool": "gpu-on-demand", **owned}, doomed)
         self.instance({"karpenter.sh/nodepool": "gpu-spot", "eks:eks-cluster-name": cluster}, doomed)
+        self.launch_template(f"karpenter.k8s.aws/{self._name('')}", karpenter, doomed)
+        self.instance_profile(f"/karpenter/{REGION}/{cluster}/4f1c2e9a-uid/", {
+            **owned, "eks:eks-cluster-name": cluster, "topology.kubernetes.io/region": REGION,
+            "karpenter.k8s.aws/ec2nodeclass": "default"}, doomed)
         lbc = {"elbv2.k8s.aws/cluster": cluster, "ingress.k8s.aws/stack": "team-vision/train"}
         self.load_balancer(lbc, doomed, "application")
         self.load_balancer(lbc, doomed, "network")
         self.target_group(lbc, doomed)
+        in_tree = {**owned, "kubernetes.io/service-name": "team-vision/tensorboard"}
+        self.classic_load_balancer(in_tree, doomed)
+        self.load_balancer(in_tree, doomed, "network")
         self.security_group({f"kubernetes.io/cluster/{cluster}": "owned", "elbv2.k8s.aws/cluster": cluster}, doomed)
-        self.network_interface({f"kubernetes.io/cluster/{cluster}": "owned"}, doomed)
+        self.network_interface(owned, doomed)
+        self.network_interface({"cluster.k8s.amazonaws.com/name": cluster, "node.k8s.amazonaws.com/instance_id":
+                                "i-0123456789abcdef0"}, doomed)
         self.volume({f"kubernetes.io/cluster/{cluster}": "owned", "kubernetes.io/created-for/pvc/name": "ckpt"}, doomed)
 
     def look_alikes(self, cluster: str) -> None:
@@ -124,10 +162,20 @@ class Seeder:
         self.security_group({**owned, "aws:eks:cluster-name": cluster}, doomed=False)  # EKS's cluster SG
         self.load_balancer({"elbv2.k8s.aws/cluster": cluster, TAG_STACK: "eph"}, doomed=False)
         self.network_interface(owned, doomed=False, attach=True)  # in use
+        self.network_interface({"cluster.k8s.amazonaws.com/name": cluster}, doomed=False, attach=True)  # in use
         self.volume({f"kubernetes.io/cluster/{cluster}": "shared"}, doomed=False)  # not owned by the cluster
+        self.classic_load_balancer({f"kubernetes.io/cluster/{cluster}": "shared"}, doomed=False)
+        self.launch_template("team-vision-workstation", {"eks:eks-cluster-name": cluster}, doomed=False)  # not Karpenter's
+        profile_tags = {**owned, "topology.kubernetes.io/region": REGION}
+        self.instance_profile(f"/karpenter/{REGION}/{cluster}2/uid/", {  # a cluster whose name extends this one's
+            f"kubernetes.io/cluster/{cluster}2": "owned", "topology.kubernetes.io/region": REGION}, doomed=False)
+        self.instance_profile(f"/karpenter/{REGION}/{cluster}/uid/", {**profile_tags, TAG_STACK: "eph"}, doomed=False)
 
     def untagged(self) -> None:
         self.instance({"karpenter.sh/nodepool": "gpu-on-demand"}, doomed=False)  # no cluster tag
+        self.launch_template("karpenter.k8s.aws/1", {}, doomed=False)
+        self.instance_profile(f"/karpenter/{REGION}/{CLUSTER}/uid/", {}, doomed=False)
+        self.classic_load_balancer({}, doomed=False)
         self.load_balancer({}, doomed=False)
         self.target_group({}, doomed=False)
         self.security_group({}, doomed=False)
@@ -146,6 +194,12 @@ class Seeder:
         live |= {("network-interface", e["NetworkInterfaceId"])
                  for e in self.ec2.describe_network_interfaces()["NetworkInterfaces"]}
         live |= {("volume", v["VolumeId"]) for v in self.ec2.describe_volumes()["Volumes"]}
+        live |= {("launch-template", t["LaunchTemplateId"])
+                 for t in self.ec2.describe_launch_templates()["LaunchTemplates"]}
+        live |= {("instance-profile", p["InstanceProfileName"])
+                 for p in self.iam.list_instance_profiles()["InstanceProfiles"]}
+        live |= {("classic-load-balancer", lb["LoadBalancerName"])
+                 for lb in self.elb.describe_load_balancers()["LoadBalancerDescriptions"]}
         return {(kind, i) for kind, i in live if i in ids.get(kind, ())}
 
 
@@ -274,7 +328,9 @@ def seeded(local_aws):
 def test_finds_exactly_the_clusters_leftovers_in_dependency_order(local_aws, seeded):
     plan = Cleaner(CLUSTER).find()
     assert {(o.kind, o.id) for o in plan} == seeded.world.doomed
-    order = ["instance", "load-balancer", "target-group", "network-interface", "security-group", "volume"]
+    order = ["instance", "launch-template", "instance-profile", "classic-load-balancer", "load-balancer", "target-group",
+             "network-interface", "security-group", "volume"]
+    assert set(order) == {kind for kind, _ in seeded.world.doomed}
     assert [o.kind for o in plan] == sorted((o.kind for o in plan), key=order.index)
 
 
@@ -286,7 +342,7 @@ def test_cleanup_deletes_exactly_the_first_cluster_then_finds_nothing(local_aws,
     assert f"deleted {len(seeded.world.doomed)} resource(s)" in first.stdout
 
     second = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url)
-    assert second.returncode == 0 and "nothing to clean up for cluster alpha" in second.stdout
+    assert second.returncode == 0 and f"nothing to clean up for cluster {CLUSTER}" in second.stdout
     assert seeded.existing() == before - seeded.world.doomed
 
 
@@ -328,7 +384,8 @@ def test_endpoint_lost_mid_way_reports_what_is_left_and_a_rerun_finishes(local_a
         left = seeded.existing()
         doomed_kinds_left = {kind for kind, _ in left & seeded.world.doomed}
         assert doomed_kinds_left == {"target-group", "network-interface", "security-group", "volume"}
-        assert not {kind for kind, _ in before - left} - {"instance", "load-balancer"}  # done before the fault
+        done = {"instance", "launch-template", "instance-profile", "classic-load-balancer", "load-balancer"}
+        assert not {kind for kind, _ in before - left} - done  # done before the fault
         for _, resource_id in left & seeded.world.doomed:
             assert resource_id.rsplit("/", 1)[-1] in broken.stdout  # reported as left
 
@@ -354,7 +411,7 @@ def test_throttled_requests_are_retried_and_cleanup_finishes(local_aws, seeded):
 
 def test_a_resource_whose_tags_change_before_delete_is_left_alone(local_aws):
     seeder = Seeder(local_aws.endpoint_url)
-    volume = seeder.volume({"kubernetes.io/cluster/alpha": "owned"}, doomed=False)
+    volume = seeder.volume({f"kubernetes.io/cluster/{CLUSTER}": "owned"}, doomed=False)
     cleaner = Cleaner(CLUSTER)
     plan = cleaner.find()
     assert plan == [Orphan("volume", volume, "", "8 GiB available")]
@@ -396,3 +453,47 @@ def test_a_target_group_still_in_use_is_retried_then_reported_and_the_rest_is_de
     assert [o.id for o in report.left] == [busy]
     assert any("still in use, retrying" in line for line in progress)
     assert seeder.existing() == seeder.world.kept
+
+
+def test_refuses_a_cluster_that_still_exists_unless_forced(local_aws, seeded):
+    seeded.eks.create_cluster(name=CLUSTER, roleArn="arn:aws:iam::123456789012:role/eks",
+                              resourcesVpcConfig={"subnetIds": seeded.subnets})
+    before = seeded.existing()
+    refused = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"gpuyard: error: refusing to clean up: cluster {CLUSTER} still exists (ACTIVE) in us-east-1")
+    assert "--force" in line
+    assert seeded.existing() == before
+
+    forced = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", "--force", endpoint=local_aws.endpoint_url)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert seeded.existing() == before - seeded.world.doomed
+
+
+def test_refuses_a_cluster_that_is_not_an_ephemeral_environments_unless_forced(local_aws):
+    seeder = Seeder(local_aws.endpoint_url)
+    seeder.cluster_leftovers("gpuyard-prod", doomed=True)
+    before = seeder.existing()
+    refused = gpuyard("env", "cleanup", "--cluster", "gpuyard-prod", "--yes", endpoint=local_aws.endpoint_url)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "gpuyard: error: refusing to clean up: cluster gpuyard-prod is not an ephemeral environment's (their names "
+        "start with gpuyard-ephemeral-): pass --force to clean it up anyway"]
+    assert seeder.existing() == before
+
+    forced = gpuyard("env", "cleanup", "--cluster", "gpuyard-prod", "--yes", "--force", endpoint=local_aws.endpoint_url)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert seeder.existing() == before - seeder.world.doomed
+
+
+def test_aws_region_wins_over_aws_default_region(local_aws, seeded, monkeypatch):
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    before = seeded.existing()
+    elsewhere = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url,
+                        extra_env={"AWS_DEFAULT_REGION": "eu-west-1"})
+    assert elsewhere.returncode == 0 and f"nothing to clean up for cluster {CLUSTER}" in elsewhere.stdout
+    here = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url,
+                   extra_env={"AWS_DEFAULT_REGION": "eu-west-1", "AWS_REGION": REGION})
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert seeded.existing() == before - seeded.world.doomed

@@ -10,6 +10,7 @@ import pytest
 from infra.config import ConfigError, load_stack, parse_stack, stack_file
 from infra.plan import plan_values, stack_values
 
+ACCESS = {"endpoint_public": True, "public_access_cidrs": ["198.51.100.0/24"]}
 BASE = {"gpuyard:cluster_name": "gpuyard-test"}
 
 
@@ -26,20 +27,20 @@ def test_stack_files_parse(stack):
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(instance_types=["x9.large"])]}}, "unknown GPU instance type family 'x9'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(instance_types=["m6i.large"])]}}, "unknown GPU instance type family 'm6i'"),
-        ({"gpuyard:cluster": {"system_node_group": {"instance_types": ["p5.48xlarge"]}}}, "unknown CPU instance type family 'p5'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(min_size=3, max_size=2)]}}, "min_size 3 > max_size 2"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(desired_size=5)]}}, "desired_size 5 outside [0, 2]"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(efa=True)]}}, "unknown EFA-capable GPU instance type family 'g5'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(efa=True, instance_types=["g6e.48xlarge"])]}},
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(instance_types=["x9.large"])]}}, "unknown GPU instance type family 'x9'"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(instance_types=["m6i.large"])]}}, "unknown GPU instance type family 'm6i'"),
+        ({"gpuyard:cluster": {**ACCESS, "system_node_group": {"instance_types": ["p5.48xlarge"]}}}, "unknown CPU instance type family 'p5'"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(min_size=3, max_size=2)]}}, "min_size 3 > max_size 2"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(desired_size=5)]}}, "desired_size 5 outside [0, 2]"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(efa=True)]}}, "unknown EFA-capable GPU instance type family 'g5'"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(efa=True, instance_types=["g6e.48xlarge"])]}},
          "no EFA interface count known for 'g6e.48xlarge'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(efa=True, instance_types=["p4d.24xlarge", "p5.48xlarge"])]}},
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(efa=True, instance_types=["p4d.24xlarge", "p5.48xlarge"])]}},
          "EFA instance types with different network card counts"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(), gpu_group()]}}, "duplicate node group name 'gpu'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpu_node_groups.0.name"),
-        ({"gpuyard:cluster": {"endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
-        ({"gpuyard:cluster": {"kubernetes_version": "1.20"}}, "cluster.kubernetes_version"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(), gpu_group()]}}, "duplicate node group name 'gpu'"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpu_node_groups.0.name"),
+        ({"gpuyard:cluster": {**ACCESS, "endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
+        ({"gpuyard:cluster": {**ACCESS, "kubernetes_version": "1.20"}}, "cluster: kubernetes_version '1.20' is not an EKS version"),
         ({"gpuyard:network": {"az_count": 1}}, "network.az_count"),
         ({"gpuyard:network": {"cidr": "10.0.0.0/26"}}, "must be an IPv4 network of /20 or larger"),
         ({"gpuyard:network": {"nat": "none"}}, "network.nat"),
@@ -47,7 +48,7 @@ def test_stack_files_parse(stack):
         ({"gpuyard:teams": [{"name": "a"}, {"name": "a"}]}, "duplicate team name 'a'"),
         ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "teams.0.name"),
         ({"gpuyard:cluster_name": "Bad Name"}, "cluster_name"),
-        ({"gpuyard:cluster": {"bogus": 1}}, "cluster.bogus"),
+        ({"gpuyard:cluster": {**ACCESS, "bogus": 1}}, "cluster.bogus"),
     ],
 )
 def test_bad_config_is_one_line(values, message):

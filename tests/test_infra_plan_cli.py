@@ -34,7 +34,7 @@ def test_tree_groups_by_component_with_counts():
     lines = result.stdout.splitlines()
     count = len(stack_plan("prod").resources)
     assert lines[0] == f"stack prod: {count} resources"
-    assert "  team-research (gpuyard:tenancy:Team, 10 resources)" in lines
+    assert "  team-research (gpuyard:tenancy:Team, 15 resources)" in lines
     assert "       2 x aws:ec2/placementGroup:PlacementGroup" in lines
     assert "totals:" in lines
 

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
-from pulumi_policy import PolicyCustomTimeouts, PolicyResource, PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+)
 
 from infra.policy.rules import (
     POLICIES,
     check_bucket_settings,
     check_buckets_encrypted_and_private,
+    check_eks_endpoint_not_open,
     check_gpu_nodes_tainted,
+    check_imds_hop_limit,
     check_imdsv2,
+    check_karpenter_actions_scoped,
+    check_namespace_pod_security,
+    check_network_policies_enforced,
     check_no_ssh_from_anywhere,
 )
-from infra_plans import planned
+from infra_plans import named, planned
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -144,16 +159,22 @@ def _stack_args(resources) -> StackValidationArgs:
     return StackValidationArgs(list(by_urn.values()))
 
 
-@pytest.mark.parametrize("stack", ["dev", "prod"])
-def test_the_real_program_complies(stack):
-    resources = planned(stack)
+def violations(resources) -> list[str]:
+    """Every policy of the pack on these planned resources, as pulumi-policy runs them."""
     reported: list[str] = []
-    for policy in POLICIES[:-1]:
-        for r in resources:
-            args = ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None)
-            policy.validate(args, lambda message, urn=None, r=r: reported.append(f"{r.name}: {message}"))
-    POLICY["buckets-encrypted-and-private"].validate(_stack_args(resources), lambda m, urn=None: reported.append(m))
-    assert reported == []
+    for policy in POLICIES:
+        if isinstance(policy, ResourceValidationPolicy):
+            for r in resources:
+                args = ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None)
+                policy.validate(args, lambda message, urn=None, r=r, p=policy: reported.append(f"{p.name}: {r.name}"))
+        else:
+            policy.validate(_stack_args(resources), lambda message, urn=None, p=policy: reported.append(f"{p.name}"))
+    return reported
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_the_real_program_complies(stack):
+    assert violations(planned(stack)) == []
 
 
 def test_stack_policy_catches_a_bucket_without_its_guards():
@@ -161,3 +182,124 @@ def test_stack_policy_catches_a_bucket_without_its_guards():
     reported: list[str] = []
     POLICY["buckets-encrypted-and-private"].validate(_stack_args(resources), lambda m, urn=None: reported.append(m))
     assert reported == ["bucket storage-checkpoints has no public access block"]
+
+
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props", "count"),
+    [
+        (LT, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}, 0),
+        (LT, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2}}, 1),
+        (LT, {"metadataOptions": {"httpTokens": "required"}}, 1),
+        ("aws:ec2/instance:Instance", {"metadataOptions": {"httpPutResponseHopLimit": 3}}, 1),
+        (NODE_CLASS, {"spec": {}}, 0),
+        (NODE_CLASS, {"spec": {"metadataOptions": {"httpPutResponseHopLimit": 2}}}, 1),
+    ],
+)
+def test_imds_hop_limit(resource_type, props, count):
+    assert len(check_imds_hop_limit(resource_type, props)) == count
+
+
+EKS = "aws:eks/cluster:Cluster"
+
+
+@pytest.mark.parametrize(
+    ("vpc", "count"),
+    [
+        ({"endpointPublicAccess": False}, 0),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": ["198.51.100.0/24"]}, 0),
+        ({"endpointPublicAccess": True, "publicAccessCidrs": ["198.51.100.0/24", "0.0.0.0/0"]}, 1),
+        ({"endpointPublicAccess": True}, 1),  # EKS's default CIDR list is 0.0.0.0/0
+        ({}, 1),  # and its default endpoint is public
+    ],
+)
+def test_eks_endpoint_not_open(vpc, count):
+    assert len(check_eks_endpoint_not_open(EKS, {"vpcConfig": vpc})) == count
+
+
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+TAGGED = {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/c": "owned"}}
+
+
+def iam(*statements) -> dict:
+    return {"policy": json.dumps({"Version": "2012-10-17", "Statement": list(statements)})}
+
+
+@pytest.mark.parametrize(
+    ("props", "count"),
+    [
+        (iam({"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags"], "Resource": "*",
+              "Condition": {"StringEquals": {"aws:RequestedRegion": "us-west-2"}}}), 1),  # region is no scope
+        (iam({"Effect": "Allow", "Action": "ec2:TerminateInstances", "Resource": "*", "Condition": TAGGED}), 0),
+        (iam({"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}), 1),
+        (iam({"Effect": "Allow", "Action": "*", "Resource": "*"}), 1),
+        (iam({"Effect": "Allow", "Action": "iam:*InstanceProfile", "Resource": "*"}), 1),
+        (iam({"Effect": "Allow", "Action": "ec2:Run?nstances", "Resource": "*"}), 1),
+        (iam({"Effect": "Allow", "Action": "iam:AddRoleToInstanceProfile", "Resource": "*"}), 1),
+        (iam({"Effect": "Allow", "Action": ["ec2:RunInstances"], "Resource": [
+            "arn:aws:ec2:us-west-2::image/*", "arn:aws:ec2:us-west-2:*:subnet/*"]}), 0),
+        (iam({"Effect": "Allow", "Action": ["ec2:RunInstances"], "Resource": ["arn:aws:ec2:us-west-2:*:instance/*"]}), 1),
+        (iam({"Effect": "Deny", "Action": "ec2:*", "Resource": "*"}), 0),
+        (iam({"Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"}), 0),
+    ],
+)
+def test_karpenter_actions_need_tag_conditions(props, count):
+    assert len(check_karpenter_actions_scoped(ROLE_POLICY, props)) == count
+
+
+@pytest.mark.parametrize(
+    ("labels", "count"),
+    [
+        ({"pod-security.kubernetes.io/enforce": "restricted"}, 0),
+        ({"pod-security.kubernetes.io/enforce": "baseline"}, 0),
+        ({"pod-security.kubernetes.io/enforce": "privileged"}, 1),
+        ({"pod-security.kubernetes.io/warn": "restricted"}, 1),
+        ({}, 1),
+    ],
+)
+def test_namespaces_enforce_pod_security(labels, count):
+    props = {"metadata": {"name": "team-a", "labels": labels}}
+    assert len(check_namespace_pod_security("kubernetes:core/v1:Namespace", props)) == count
+
+
+def test_network_policies_need_the_vpc_cni_to_enforce_them():
+    policy = ("urn:np", "kubernetes:networking.k8s.io/v1:NetworkPolicy", {}, {})
+    addon = ("urn:cni", "aws:eks/addon:Addon", {"addonName": "vpc-cni"}, {})
+    enforcing = ("urn:cni", "aws:eks/addon:Addon",
+                 {"addonName": "vpc-cni", "configurationValues": '{"enableNetworkPolicy": "true"}'}, {})
+    assert check_network_policies_enforced([policy, enforcing]) == []
+    assert len(check_network_policies_enforced([policy, addon])) == 1
+    assert len(check_network_policies_enforced([policy])) == 1
+    assert check_network_policies_enforced([addon]) == []
+
+
+def _mutated(stack: str, name: str, type_: str, change) -> list:
+    resources = list(planned(stack))
+    index = resources.index(named(resources, name, type_))
+    original = resources[index]
+    inputs = copy.deepcopy(original.inputs)
+    change(inputs)
+    resources[index] = type(original)(**{**original.__dict__, "inputs": inputs})
+    return resources
+
+
+@pytest.mark.parametrize(
+    ("name", "type_", "change", "policy"),
+    [
+        ("cluster-system", LT, lambda i: i["metadataOptions"].update(httpPutResponseHopLimit=2), "imds-hop-limit-one"),
+        ("karpenter-default", NODE_CLASS, lambda i: i["spec"]["metadataOptions"].update(httpPutResponseHopLimit=2),
+         "imds-hop-limit-one"),
+        ("cluster-eks", EKS, lambda i: i["vpcConfig"].update(publicAccessCidrs=["0.0.0.0/0"]), "eks-endpoint-not-open"),
+        ("karpenter-controller", ROLE_POLICY, lambda i: i.update(policy=json.dumps({"Statement": [
+            {"Effect": "Allow", "Action": "ec2:RunInstances", "Resource": "*"}]})), "karpenter-actions-tag-scoped"),
+        ("team-vision-namespace", "kubernetes:core/v1:Namespace",
+         lambda i: i["metadata"]["labels"].pop("pod-security.kubernetes.io/enforce"), "namespace-pod-security"),
+        ("cluster-vpc-cni", "aws:eks/addon:Addon", lambda i: i.pop("configurationValues"), "network-policies-enforced"),
+    ],
+)
+def test_the_pack_catches_each_mistake_in_the_real_plan(name, type_, change, policy):
+    assert violations(_mutated("dev", name, type_, change)) == [policy if policy == "network-policies-enforced"
+                                                                 else f"{policy}: {name}"]

@@ -32,7 +32,7 @@ def test_every_component_is_created_once(stack):
     assert components == sorted(
         f"gpuyard:{t}"
         for t in ("network:Network", "eks:Cluster", "karpenter:Karpenter", "addons:Addons", "monitoring:Monitoring",
-                  "tenancy:PriorityClasses", "storage:Storage")
+                  "tenancy:PriorityClasses", "tenancy:PodAdmission", "storage:Storage")
     )
 
 
@@ -151,7 +151,7 @@ def test_karpenter_chart_irsa_and_interruption_queue(stack):
     assert [v for k, v in trust.items() if k.endswith(":sub")] == ["system:serviceaccount:kube-system:karpenter"]
     rules = of_type(resources, "aws:cloudwatch/eventRule:EventRule")
     targets = of_type(resources, "aws:cloudwatch/eventTarget:EventTarget")
-    assert len(rules) == len(targets) == 4
+    assert len(rules) == len(targets) == 5
     entry = named(resources, "karpenter-node", "aws:eks/accessEntry:AccessEntry")
     assert entry.inputs["type"] == "EC2_LINUX"
     assert entry.inputs["principalArn"] == "arn:aws:iam::123456789012:role/karpenter-node"
@@ -253,9 +253,8 @@ def test_team_tenancy_and_irsa_scoped_to_one_service_account(stack):
         assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f"/team-{team.name}-irsa")
         quota = named(resources, f"team-{team.name}-quota").inputs["spec"]["hard"]
         assert quota[f"requests.{GPU_RESOURCE}"] == str(team.gpu_quota)
-        isolation = named(resources, f"team-{team.name}-isolation").inputs["spec"]
-        assert isolation["policyTypes"] == ["Ingress"]
-        assert isolation["ingress"][0] == {"from": [{"podSelector": {}}]}
+        isolation = named(resources, f"team-{team.name}-default-deny").inputs["spec"]
+        assert isolation == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
 
 
 def test_priority_classes(stack):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from infra.plan import plan_values, stack_values
+from infra.tenancy import team_network_policies
 
 
 def teams(count: int) -> list[dict]:
@@ -16,8 +17,8 @@ def test_resource_count_is_linear_in_teams():
     plans = {n: plan_values("dev", {**base, "gpuyard:teams": teams(n)}).resources for n in (1, 10, 50)}
     counts = {n: len(resources) for n, resources in plans.items()}
     per_team = (counts[10] - counts[1]) // 9
-    assert per_team == 11  # the Team component and its 10 children
+    assert per_team == 10 + len(team_network_policies())  # the Team component, 9 children and its NetworkPolicies
     assert counts[50] - counts[10] == 40 * per_team
     assert counts[1] - per_team == counts[50] - 50 * per_team
     team_types = Counter(r.type for r in plans[50] if r.parent.startswith("team") or r.type == "gpuyard:tenancy:Team")
-    assert set(team_types.values()) == {50}
+    assert set(team_types.values()) == {50, 50 * len(team_network_policies())}

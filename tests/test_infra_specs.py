@@ -29,7 +29,7 @@ from infra.policies import (
     team_checkpoint_policy,
 )
 from infra.storage import checkpoint_lifecycle_rules
-from infra.tenancy import team_network_policy_spec, team_queue_spec, team_quota
+from infra.tenancy import team_network_policies, team_queue_spec, team_quota
 from infra.trainer_runtime import training_runtime_spec
 from infra_plans import kubernetes_manifests, planned
 
@@ -155,10 +155,13 @@ def test_team_quota_and_queue_agree(team):
     assert queue["weight"] == team.queue_weight
 
 
-def test_network_policy_admits_only_own_namespace_and_prometheus():
-    spec = team_network_policy_spec()
-    sources = [peer for rule in spec["ingress"] for peer in rule["from"]]
-    assert sources == [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+def test_network_policies_admit_only_own_namespace_prometheus_and_kuberay():
+    sources = [peer for spec in team_network_policies().values() for rule in spec.get("ingress", []) for peer in rule["from"]]
+    assert sources == [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}}},
+    ]
 
 
 def test_addon_specs():
@@ -217,10 +220,12 @@ def test_stack_teams_reach_the_plan():
 
 
 def test_karpenter_controller_policy_is_scoped():
-    policy = karpenter_controller_policy("c1", "arn:cluster", "arn:queue", "arn:node-role", "eu-west-1")
+    cluster = "arn:aws:eks:eu-west-1:111122223333:cluster/c1"
+    policy = karpenter_controller_policy("c1", cluster, "arn:queue", "arn:node-role", "eu-west-1")
     statements = {s["Sid"]: s for s in policy["Statement"]}
-    assert statements["Terminate"]["Condition"] == {"StringEquals": {"aws:ResourceTag/kubernetes.io/cluster/c1": "owned"}}
-    assert statements["PassNodeRole"]["Resource"] == "arn:node-role"
-    assert statements["Interruption"]["Resource"] == "arn:queue"
-    assert statements["Cluster"]["Resource"] == "arn:cluster"
-    assert statements["AmiParameters"]["Resource"] == "arn:aws:ssm:eu-west-1::parameter/aws/service/*"
+    assert statements["AllowScopedDeletion"]["Condition"]["StringEquals"] == {
+        "aws:ResourceTag/kubernetes.io/cluster/c1": "owned"}
+    assert statements["AllowPassingInstanceRole"]["Resource"] == "arn:node-role"
+    assert statements["AllowInterruptionQueueActions"]["Resource"] == "arn:queue"
+    assert statements["AllowAPIServerEndpointDiscovery"]["Resource"] == cluster
+    assert statements["AllowSSMReadActions"]["Resource"] == "arn:aws:ssm:eu-west-1::parameter/aws/service/*"

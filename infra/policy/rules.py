@@ -1,11 +1,13 @@
 """CrossGuard rules as pure checks of a resource's properties, wired into pulumi-policy policies.
 
-Each ``check_*`` takes (resource type, props) - or, for the bucket rule, every resource of the stack - and
+Each ``check_*`` takes (resource type, props) - or, for the stack rules, every resource of the stack - and
 returns violation messages; an empty list means compliant.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +29,24 @@ PUBLIC_ACCESS_BLOCK = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 ENCRYPTION = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
 BUCKET_ACL = "aws:s3/bucketAcl:BucketAcl"
 BLOCK_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+INSTANCE = "aws:ec2/instance:Instance"
+NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+EKS_ADDON = "aws:eks/addon:Addon"
+IAM_POLICIES = ("aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy", "aws:iam/userPolicy:UserPolicy",
+                "aws:iam/groupPolicy:GroupPolicy")
+# What Karpenter's controller does to instances, launch templates and instance profiles: v1.14.1's policy
+# allows each only with aws:RequestTag / aws:ResourceTag conditions on the cluster and NodePool tags.
+KARPENTER_ACTIONS = ("ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate", "ec2:CreateTags",
+                     "ec2:TerminateInstances", "ec2:DeleteLaunchTemplate", "iam:CreateInstanceProfile",
+                     "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                     "iam:DeleteInstanceProfile")
+# Resources an instance is launched from, which that policy names without tag conditions.
+LAUNCH_INPUTS = ("image/*", "snapshot/*", "security-group/*", "subnet/*", "capacity-reservation/*", "placement-group/*")
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
 ANYWHERE = ("0.0.0.0/0", "::/0")
 SSH = 22
 
@@ -72,6 +92,99 @@ def check_imdsv2(resource_type: str, props: Props) -> list[str]:
         if ((props.get("spec") or {}).get("metadataOptions") or {}).get("httpTokens", "required") != "required":
             return ["IMDSv2 required: EC2NodeClass spec.metadataOptions.httpTokens must be 'required'"]
     return []
+
+
+def check_imds_hop_limit(resource_type: str, props: Props) -> list[str]:
+    """Every node answers IMDS to itself only (hop limit 1): a pod cannot read the node role's credentials."""
+    message = "IMDS hop limit must be 1 (pods use IRSA; a higher limit hands them the node role's credentials)"
+    if resource_type in (LAUNCH_TEMPLATE, INSTANCE):
+        if (props.get("metadataOptions") or {}).get("httpPutResponseHopLimit") != 1:
+            return [f"{message}: set metadataOptions.httpPutResponseHopLimit to 1"]
+    if resource_type == NODE_CLASS:  # the CRD defaults it to 1
+        if ((props.get("spec") or {}).get("metadataOptions") or {}).get("httpPutResponseHopLimit", 1) != 1:
+            return [f"{message}: EC2NodeClass spec.metadataOptions.httpPutResponseHopLimit"]
+    return []
+
+
+def check_eks_endpoint_not_open(resource_type: str, props: Props) -> list[str]:
+    """A public EKS endpoint admits listed networks only; EKS's defaults (public, 0.0.0.0/0) count as open."""
+    if resource_type != EKS_CLUSTER:
+        return []
+    vpc = props.get("vpcConfig") or {}
+    if vpc.get("endpointPublicAccess", True) is False:
+        return []
+    cidrs = vpc.get("publicAccessCidrs") or ["0.0.0.0/0"]
+    if any(cidr in ANYWHERE for cidr in cidrs):
+        return ["EKS API endpoint is public to 0.0.0.0/0: set vpcConfig.publicAccessCidrs or make it private"]
+    return []
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value] if value is not None else []
+
+
+def _covers(pattern: str, action: str) -> bool:
+    """Whether an IAM action pattern (``*``, ``ec2:*``, ``iam:*InstanceProfile``, any case) grants ``action``."""
+    return fnmatch.fnmatchcase(action.lower(), pattern.lower())
+
+
+def _tag_scoped(condition: Mapping[str, Any]) -> bool:
+    keys = [key for operator in condition.values() if isinstance(operator, Mapping) for key in operator]
+    return any(key.startswith(("aws:RequestTag/", "aws:ResourceTag/")) for key in keys)
+
+
+def check_karpenter_actions_scoped(resource_type: str, props: Props) -> list[str]:
+    """IAM policies grant Karpenter's launch, terminate and instance-profile actions only under tag conditions
+    (or, for launches, on the images, subnets and security groups an instance is launched from)."""
+    if resource_type not in IAM_POLICIES:
+        return []
+    document = props.get("policy")
+    if isinstance(document, str):
+        try:
+            document = json.loads(document)
+        except json.JSONDecodeError:
+            return []
+    violations = []
+    for statement in _as_list((document or {}).get("Statement")):
+        if statement.get("Effect") != "Allow":
+            continue
+        granted = sorted({action for pattern in _as_list(statement.get("Action")) for action in KARPENTER_ACTIONS
+                          if _covers(str(pattern), action)})
+        resources = [str(r) for r in _as_list(statement.get("Resource"))]
+        if not granted or _tag_scoped(statement.get("Condition") or {}):
+            continue
+        if resources and all(r.endswith(LAUNCH_INPUTS) for r in resources):
+            continue
+        violations.append(f"statement {statement.get('Sid', '(no Sid)')} allows {', '.join(granted)} "
+                          "without aws:RequestTag/aws:ResourceTag conditions")
+    return violations
+
+
+def check_namespace_pod_security(resource_type: str, props: Props) -> list[str]:
+    """Namespaces the stack creates enforce a Pod Security Standard (restricted, or baseline)."""
+    if resource_type != NAMESPACE:
+        return []
+    labels = (props.get("metadata") or {}).get("labels") or {}
+    if labels.get(PSS_ENFORCE) not in ("restricted", "baseline"):
+        return [f"namespace must enforce Pod Security restricted or baseline (label {PSS_ENFORCE})"]
+    return []
+
+
+def check_network_policies_enforced(resources: list[tuple[str, str, Props, dict[str, list[str]]]]) -> list[str]:
+    """A stack with NetworkPolicies turns on their enforcement in its vpc-cni add-on (else they are decoration)."""
+    if not any(type_ == NETWORK_POLICY for _, type_, _, _ in resources):
+        return []
+    for _, type_, props, _ in resources:
+        if type_ == EKS_ADDON and props.get("addonName") == "vpc-cni":
+            configuration = props.get("configurationValues")
+            try:
+                values = json.loads(configuration) if isinstance(configuration, str) else configuration or {}
+            except json.JSONDecodeError:
+                values = {}
+            if str(values.get("enableNetworkPolicy", "")).lower() == "true":
+                return []
+    return ["NetworkPolicies are not enforced: set the vpc-cni add-on's configurationValues "
+            'enableNetworkPolicy to "true"']
 
 
 def _opens_ssh_to_anywhere(rule: Props, cidr_keys: tuple[str, ...]) -> bool:
@@ -146,13 +259,17 @@ def resource_policy(name: str, description: str, check: Callable[[str, Props], l
     return ResourceValidationPolicy(name=name, description=description, validate=validate)
 
 
-def _validate_stack(args: StackValidationArgs, report_violation: ReportViolation) -> None:
-    resources = [
-        (r.urn, r.resource_type, r.props, {key: [d.urn for d in deps] for key, deps in r.property_dependencies.items()})
-        for r in args.resources
-    ]
-    for message in check_buckets_encrypted_and_private(resources):
-        report_violation(message, None)
+def stack_policy(name: str, description: str, check: Callable[[list], list[str]]) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources = [
+            (r.urn, r.resource_type, r.props,
+             {key: [d.urn for d in deps] for key, deps in r.property_dependencies.items()})
+            for r in args.resources
+        ]
+        for message in check(resources):
+            report_violation(message, None)
+
+    return StackValidationPolicy(name=name, description=description, validate=validate)
 
 
 POLICIES = [
@@ -162,9 +279,15 @@ POLICIES = [
                     check_bucket_settings),
     resource_policy("imdsv2-required", "Nodes require IMDSv2 session tokens.", check_imdsv2),
     resource_policy("no-ssh-from-anywhere", "No ingress on port 22 from 0.0.0.0/0.", check_no_ssh_from_anywhere),
-    StackValidationPolicy(
-        name="buckets-encrypted-and-private",
-        description="Every S3 bucket has encryption and a public access block.",
-        validate=_validate_stack,
-    ),
+    resource_policy("imds-hop-limit-one", "Nodes answer IMDS with hop limit 1.", check_imds_hop_limit),
+    resource_policy("eks-endpoint-not-open", "The EKS API endpoint is never public to 0.0.0.0/0.",
+                    check_eks_endpoint_not_open),
+    resource_policy("karpenter-actions-tag-scoped", "Instance, launch template and instance profile actions carry "
+                    "tag conditions.", check_karpenter_actions_scoped),
+    resource_policy("namespace-pod-security", "Namespaces enforce a Pod Security Standard.",
+                    check_namespace_pod_security),
+    stack_policy("buckets-encrypted-and-private", "Every S3 bucket has encryption and a public access block.",
+                 check_buckets_encrypted_and_private),
+    stack_policy("network-policies-enforced", "NetworkPolicies come with the vpc-cni add-on enforcing them.",
+                 check_network_policies_enforced),
 ]

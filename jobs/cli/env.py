@@ -14,7 +14,7 @@ from infra.config import ConfigError
 from jobs.cli.errors import fail
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
-                                   list_envs)
+                                   ephemeral_cluster_prefix, list_envs)
 from jobs.ephemeral.ttl import TTLError, describe_remaining, format_expiry, parse_ttl
 
 app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
@@ -43,12 +43,16 @@ def print_report(cluster: str, report: Report) -> None:
         console.print(f"stopped early: {report.aborted}")
 
 
-def run_cleanup(cluster: str, region: str | None, *, dry_run: bool, assume_yes: bool) -> Report | None:
-    """List, confirm, delete; None when nothing was to be done or the user said no."""
+def run_cleanup(cluster: str, region: str | None, *, dry_run: bool, assume_yes: bool, force: bool) -> Report | None:
+    """Refuse a live or non-ephemeral cluster (unless ``force``), list, confirm, delete; None when nothing was to be
+    done or the user said no."""
     try:
         cleaner = Cleaner(cluster, region, on_progress=console.print)
+        refusal = None if force else cleaner.refusal(ephemeral_cluster_prefix())
+        if refusal:
+            fail(f"refusing to clean up: {refusal}")
         plan = cleaner.find()
-    except CleanupError as error:
+    except (CleanupError, ConfigError) as error:
         fail(str(error))
     if not plan:
         console.print(f"nothing to clean up for cluster {cluster}")
@@ -73,12 +77,15 @@ def _confirmed(question: str) -> bool:
 @app.command()
 def cleanup(
     cluster: str = typer.Option(..., "--cluster", help="EKS cluster name whose leftovers to delete."),
-    region: str | None = typer.Option(None, "--region", help="AWS region (default: the AWS SDK's)."),
+    region: str | None = typer.Option(None, "--region", help="AWS region (default: AWS_REGION, then AWS_DEFAULT_REGION, "
+                                      "then the profile's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; change nothing."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting."),
+    force: bool = typer.Option(False, "--force",
+                               help="Also for a cluster that still exists or is not an ephemeral environment's."),
 ) -> None:
-    """Delete what Karpenter and the load balancer controller left for CLUSTER, in dependency order."""
-    report = run_cleanup(cluster, region, dry_run=dry_run, assume_yes=yes)
+    """Delete what Karpenter, the VPC CNI and the load balancer controllers left for CLUSTER, in dependency order."""
+    report = run_cleanup(cluster, region, dry_run=dry_run, assume_yes=yes, force=force)
     if report is not None:
         print_report(cluster, report)
         if not report.ok:

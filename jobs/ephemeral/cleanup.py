@@ -1,14 +1,20 @@
 """Delete what Kubernetes and Karpenter left in AWS for a cluster, in dependency order.
 
 ``pulumi destroy`` removes what the stack created. It cannot remove what controllers
-created at run time: instances Karpenter launched, load balancers and target groups of
-the AWS Load Balancer Controller, their security groups and ENIs, PVC volumes. Those
-block VPC deletion and keep billing. :class:`Cleaner` finds them by their cluster tags,
-skips anything the stack or EKS itself owns (``TAG_STACK``, ``aws:eks:cluster-name``),
-re-reads every resource's tags right before deleting it, and deletes kind by kind:
+created at run time: instances, launch templates and instance profiles Karpenter made,
+load balancers and target groups of the AWS Load Balancer Controller and of the in-tree
+Service controller (classic and network), their security groups, ENIs the VPC CNI left,
+PVC volumes. Those block VPC deletion and keep billing. :class:`Cleaner` finds them by
+the tags those controllers put on them, skips anything the stack or EKS itself owns
+(``TAG_STACK``, ``aws:eks:cluster-name``), re-reads every resource's tags right before
+deleting it, and deletes kind by kind:
 
-instances (waits for termination) -> load balancers (listeners go with them) ->
-target groups -> available ENIs -> security groups -> available volumes.
+instances (waits for termination) -> launch templates -> instance profiles ->
+classic load balancers -> load balancers (listeners go with them) -> target groups ->
+available ENIs -> security groups -> available volumes.
+
+:meth:`Cleaner.refusal` says why a cluster must not be cleaned without ``--force``: it still
+exists, or it is not an ephemeral environment's.
 
 Each step lists its kind again, so ENIs and volumes that an earlier step freed are
 included. Throttling is retried by botocore (standard mode); ``DependencyViolation``
@@ -31,15 +37,26 @@ from botocore.exceptions import ClientError
 from infra.conventions import LABEL_NODEPOOL, TAG_STACK
 
 Tags = Mapping[str, str]
-Described = dict[str, tuple[dict[str, str], str]]  # id -> (tags, state)
+Described = dict[str, tuple[dict[str, str], str]]  # id -> (tags, state, or the name or path a check needs)
 
 EKS_CLUSTER_NAME_TAG = "eks:eks-cluster-name"  # Karpenter v1 puts it on the instances it launches
 LBC_CLUSTER_TAG = "elbv2.k8s.aws/cluster"  # AWS Load Balancer Controller
 EKS_MANAGED_TAG = "aws:eks:cluster-name"  # EKS's own cluster security group: deleted with the cluster
+# The VPC CNI tags the ENIs it creates with the cluster's name (aws/amazon-vpc-cni-k8s, pkg/awsutils/awsutils.go).
+VPC_CNI_CLUSTER_TAG = "cluster.k8s.amazonaws.com/name"
+# Karpenter v1.14.1 (aws/karpenter-provider-aws): launch templates are named karpenter.k8s.aws/<hash>
+# (pkg/providers/launchtemplate/launchtemplate.go, LaunchTemplateNamePrefix = apis.Group) and tagged like its
+# instances; instance profiles live under /karpenter/<region>/<cluster>/<EC2NodeClass uid>/
+# (pkg/providers/instanceprofile/instanceprofile.go), tagged kubernetes.io/cluster/<cluster>=owned,
+# topology.kubernetes.io/region and karpenter.k8s.aws/ec2nodeclass (the request tags its IAM policy demands,
+# website/content/en/v1.14/getting-started/getting-started-with-karpenter/cloudformation.yaml).
+KARPENTER_LAUNCH_TEMPLATE_PREFIX = "karpenter.k8s.aws/"
+REGION_TAG = "topology.kubernetes.io/region"
 LIVE_INSTANCE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 NOT_FOUND_CODES = frozenset({
     "InvalidInstanceID.NotFound", "LoadBalancerNotFound", "TargetGroupNotFound",
     "InvalidNetworkInterfaceID.NotFound", "InvalidGroup.NotFound", "InvalidVolume.NotFound",
+    "InvalidLaunchTemplateId.NotFound", "NoSuchEntity",
 })
 ENDPOINT_ERRORS = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
 DEFAULT_MAX_ATTEMPTS = 10  # botocore standard retries (throttling, 5xx, connection); AWS_MAX_ATTEMPTS overrides
@@ -50,8 +67,20 @@ class CleanupError(RuntimeError):
     """Cleanup could not start (no region, no credentials, endpoint down), as one line."""
 
 
+def resolve_region(region: str | None) -> str | None:
+    """``--region``, else ``AWS_REGION`` (what the AWS CLI v2 and the other SDKs read first), else None: boto3
+    then reads ``AWS_DEFAULT_REGION`` and the profile."""
+    return region or os.environ.get("AWS_REGION") or None
+
+
 def cluster_tag(cluster: str) -> str:
+    """The tag the in-tree cloud provider and Karpenter put on what they create for a cluster, value ``owned``
+    (kubernetes/cloud-provider-aws, pkg/providers/v1/tags.go: TagNameKubernetesClusterPrefix)."""
     return f"kubernetes.io/cluster/{cluster}"
+
+
+def karpenter_profile_path(region: str, cluster: str) -> str:
+    return f"/karpenter/{region}/{cluster}/"
 
 
 def stack_owned(tags: Tags) -> bool:
@@ -66,6 +95,25 @@ def karpenter_instance(tags: Tags, cluster: str) -> bool:
 
 def load_balancer_controller_resource(tags: Tags, cluster: str) -> bool:
     return tags.get(LBC_CLUSTER_TAG) == cluster and not stack_owned(tags)
+
+
+def service_load_balancer_resource(tags: Tags, cluster: str) -> bool:
+    """A load balancer or target group of the AWS Load Balancer Controller or of the in-tree Service controller."""
+    return load_balancer_controller_resource(tags, cluster) or cluster_owned(tags, cluster)
+
+
+def vpc_cni_interface(tags: Tags, cluster: str) -> bool:
+    return tags.get(VPC_CNI_CLUSTER_TAG) == cluster and not stack_owned(tags)
+
+
+def karpenter_launch_template(name: str, tags: Tags, cluster: str) -> bool:
+    for_cluster = tags.get(EKS_CLUSTER_NAME_TAG) == cluster or cluster_owned(tags, cluster)
+    return name.startswith(KARPENTER_LAUNCH_TEMPLATE_PREFIX) and for_cluster and not stack_owned(tags)
+
+
+def karpenter_instance_profile(path: str, tags: Tags, cluster: str, region: str) -> bool:
+    return (path.startswith(karpenter_profile_path(region, cluster)) and cluster_owned(tags, cluster)
+            and tags.get(REGION_TAG) == region)  # cluster_owned excludes what the stack owns
 
 
 def cluster_resource(tags: Tags, cluster: str) -> bool:
@@ -146,23 +194,37 @@ class Cleaner:
         self.poll_interval = poll_interval
         self.on_progress = on_progress
         try:
-            session = boto3.session.Session(region_name=region)
+            session = boto3.session.Session(region_name=resolve_region(region))
             self.ec2 = session.client("ec2", config=_retry_config())
             self.elbv2 = session.client("elbv2", config=_retry_config())
+            self.elb = session.client("elb", config=_retry_config())
+            self.iam = session.client("iam", config=_retry_config())
+            self.eks = session.client("eks", config=_retry_config())
         except botocore.exceptions.NoRegionError:
             raise CleanupError("no AWS region: pass --region or set AWS_REGION") from None
+        self.region = session.region_name
         self.kinds = (
             Kind("instance", self._find_instances, self._describe_instances,
                  lambda tags, state: karpenter_instance(tags, cluster),
                  lambda instance: self.ec2.terminate_instances(InstanceIds=[instance])),
+            Kind("launch-template", self._find_launch_templates, self._describe_launch_templates,
+                 lambda tags, name: karpenter_launch_template(name, tags, cluster),
+                 lambda template: self.ec2.delete_launch_template(LaunchTemplateId=template)),
+            Kind("instance-profile", self._find_instance_profiles, self._describe_instance_profiles,
+                 lambda tags, path: karpenter_instance_profile(path, tags, cluster, self.region),
+                 self._delete_instance_profile),
+            Kind("classic-load-balancer", self._find_classic_load_balancers, self._describe_classic_load_balancers,
+                 lambda tags, state: cluster_owned(tags, cluster),
+                 lambda name: self.elb.delete_load_balancer(LoadBalancerName=name)),
             Kind("load-balancer", self._find_load_balancers, self._describe_load_balancers,
-                 lambda tags, state: load_balancer_controller_resource(tags, cluster),
+                 lambda tags, state: service_load_balancer_resource(tags, cluster),
                  lambda arn: self.elbv2.delete_load_balancer(LoadBalancerArn=arn)),
             Kind("target-group", self._find_target_groups, self._describe_target_groups,
-                 lambda tags, state: load_balancer_controller_resource(tags, cluster),
+                 lambda tags, state: service_load_balancer_resource(tags, cluster),
                  lambda arn: self.elbv2.delete_target_group(TargetGroupArn=arn), frozenset({"ResourceInUse"})),
             Kind("network-interface", self._find_network_interfaces, self._describe_network_interfaces,
-                 lambda tags, state: cluster_resource(tags, cluster) and state == "available",
+                 lambda tags, state: (cluster_resource(tags, cluster) or vpc_cni_interface(tags, cluster))
+                 and state == "available",
                  lambda eni: self.ec2.delete_network_interface(NetworkInterfaceId=eni)),
             Kind("security-group", self._find_security_groups, self._describe_security_groups,
                  lambda tags, state: cluster_resource(tags, cluster) and state != "default",
@@ -172,7 +234,24 @@ class Cleaner:
                  lambda volume: self.ec2.delete_volume(VolumeId=volume)),
         )
 
-    # -- the two entry points -------------------------------------------------
+    # -- the entry points -----------------------------------------------------
+
+    def refusal(self, ephemeral_prefix: str) -> str | None:
+        """Why this cluster must not be cleaned up (it still exists, or is no ephemeral environment's), or None."""
+        try:
+            status = self.eks.describe_cluster(name=self.cluster)["cluster"].get("status", "")
+        except ClientError as error:
+            if _error_code(error) != "ResourceNotFoundException":
+                raise CleanupError(f"cannot tell whether cluster {self.cluster!r} exists: {_one_line(error)}") from None
+        except ENDPOINT_ERRORS as error:
+            raise CleanupError(f"AWS endpoint unreachable: {_one_line(error)}") from None
+        else:
+            return (f"cluster {self.cluster} still exists ({status}) in {self.region}: its controllers own these "
+                    "resources; destroy its stack first (`gpuyard env destroy`), or pass --force")
+        if not self.cluster.startswith(ephemeral_prefix):
+            return (f"cluster {self.cluster} is not an ephemeral environment's (their names start with "
+                    f"{ephemeral_prefix}): pass --force to clean it up anyway")
+        return None
 
     def find(self) -> list[Orphan]:
         """Everything that would be deleted now, in deletion order."""
@@ -279,6 +358,65 @@ class Cleaner:
                    {"Name": "instance-state-name", "Values": list(LIVE_INSTANCE_STATES)}]
         return {i["InstanceId"]: (_tags(i.get("Tags")), i["State"]["Name"]) for i in self._instances(filters)}
 
+    # -- Karpenter's launch templates and instance profiles ---------------------------
+
+    def _launch_templates(self) -> list[dict]:
+        filters = [{"Name": f"tag:{EKS_CLUSTER_NAME_TAG}", "Values": [self.cluster]}]
+        pages = self.ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
+        return [template for page in pages for template in page["LaunchTemplates"]]
+
+    def _find_launch_templates(self) -> list[Orphan]:
+        return [Orphan("launch-template", t["LaunchTemplateId"], t["LaunchTemplateName"])
+                for t in self._launch_templates()
+                if karpenter_launch_template(t["LaunchTemplateName"], _tags(t.get("Tags")), self.cluster)]
+
+    def _describe_launch_templates(self, ids: list[str]) -> Described:
+        return {t["LaunchTemplateId"]: (_tags(t.get("Tags")), t["LaunchTemplateName"])
+                for t in self._launch_templates() if t["LaunchTemplateId"] in ids}
+
+    def _instance_profiles(self) -> list[tuple[dict, dict[str, str]]]:
+        """This cluster's profiles under Karpenter's path, with their tags (GetInstanceProfile carries them)."""
+        prefix = karpenter_profile_path(self.region, self.cluster)
+        pages = self.iam.get_paginator("list_instance_profiles").paginate(PathPrefix=prefix)
+        names = [profile["InstanceProfileName"] for page in pages for profile in page["InstanceProfiles"]]
+        profiles = [self.iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"] for name in names]
+        return [(profile, _tags(profile.get("Tags"))) for profile in profiles]
+
+    def _find_instance_profiles(self) -> list[Orphan]:
+        return [Orphan("instance-profile", p["InstanceProfileName"], "",
+                       ", ".join(role["RoleName"] for role in p.get("Roles", [])))
+                for p, tags in self._instance_profiles()
+                if karpenter_instance_profile(p["Path"], tags, self.cluster, self.region)]
+
+    def _describe_instance_profiles(self, names: list[str]) -> Described:
+        return {p["InstanceProfileName"]: (tags, p["Path"])
+                for p, tags in self._instance_profiles() if p["InstanceProfileName"] in names}
+
+    def _delete_instance_profile(self, name: str) -> None:
+        """Detach its role (a profile holds at most one), then delete it, as Karpenter does."""
+        for role in self.iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"].get("Roles", []):
+            self.iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=role["RoleName"])
+        self.iam.delete_instance_profile(InstanceProfileName=name)
+
+    # -- classic ELB (in-tree Service controller) -------------------------------------
+
+    def _classic_load_balancers(self) -> list[tuple[dict, dict[str, str]]]:
+        pages = self.elb.get_paginator("describe_load_balancers").paginate()
+        balancers = [lb for page in pages for lb in page["LoadBalancerDescriptions"]]
+        tags: dict[str, dict[str, str]] = {}
+        for batch in _chunks([lb["LoadBalancerName"] for lb in balancers], ELBV2_TAGS_BATCH):
+            for description in self.elb.describe_tags(LoadBalancerNames=batch)["TagDescriptions"]:
+                tags[description["LoadBalancerName"]] = _tags(description.get("Tags"))
+        return [(lb, tags.get(lb["LoadBalancerName"], {})) for lb in balancers]
+
+    def _find_classic_load_balancers(self) -> list[Orphan]:
+        return [Orphan("classic-load-balancer", lb["LoadBalancerName"], lb.get("DNSName", ""), "classic")
+                for lb, tags in self._classic_load_balancers() if cluster_owned(tags, self.cluster)]
+
+    def _describe_classic_load_balancers(self, names: list[str]) -> Described:
+        return {lb["LoadBalancerName"]: (tags, "") for lb, tags in self._classic_load_balancers()
+                if lb["LoadBalancerName"] in names}
+
     # -- ELBv2 ----------------------------------------------------------------------
 
     def _elbv2_tags(self, arns: list[str]) -> dict[str, dict[str, str]]:
@@ -297,7 +435,7 @@ class Cleaner:
 
     def _find_load_balancers(self) -> list[Orphan]:
         return [Orphan("load-balancer", lb["LoadBalancerArn"], lb["LoadBalancerName"], lb.get("Type", ""))
-                for lb, tags in self._load_balancers() if load_balancer_controller_resource(tags, self.cluster)]
+                for lb, tags in self._load_balancers() if service_load_balancer_resource(tags, self.cluster)]
 
     def _describe_load_balancers(self, arns: list[str]) -> Described:
         return {lb["LoadBalancerArn"]: (tags, lb.get("State", {}).get("Code", ""))
@@ -312,7 +450,7 @@ class Cleaner:
 
     def _find_target_groups(self) -> list[Orphan]:
         return [Orphan("target-group", tg["TargetGroupArn"], tg["TargetGroupName"], tg.get("TargetType", ""))
-                for tg, tags in self._target_groups() if load_balancer_controller_resource(tags, self.cluster)]
+                for tg, tags in self._target_groups() if service_load_balancer_resource(tags, self.cluster)]
 
     def _describe_target_groups(self, arns: list[str]) -> Described:
         return {tg["TargetGroupArn"]: (tags, "") for tg, tags in self._target_groups() if tg["TargetGroupArn"] in arns}
@@ -324,11 +462,16 @@ class Cleaner:
         return [eni for page in pages for eni in page["NetworkInterfaces"]]
 
     def _find_network_interfaces(self) -> list[Orphan]:
-        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]},
-                   {"Name": "status", "Values": ["available"]}]
+        """Available ENIs tagged for the cluster by Kubernetes controllers or by the VPC CNI."""
+        available = {"Name": "status", "Values": ["available"]}
+        found = {eni["NetworkInterfaceId"]: eni for filters in (
+            [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]}, available],
+            [{"Name": f"tag:{VPC_CNI_CLUSTER_TAG}", "Values": [self.cluster]}, available],
+        ) for eni in self._network_interfaces(filters)}
         return [Orphan("network-interface", eni["NetworkInterfaceId"], eni.get("Description", ""), eni["Status"])
-                for eni in self._network_interfaces(filters)
-                if cluster_resource(_tags(eni.get("TagSet")), self.cluster) and eni["Status"] == "available"]
+                for eni in found.values() if eni["Status"] == "available" and (
+                    cluster_resource(_tags(eni.get("TagSet")), self.cluster)
+                    or vpc_cni_interface(_tags(eni.get("TagSet")), self.cluster))]
 
     def _describe_network_interfaces(self, ids: list[str]) -> Described:
         found = self._network_interfaces([{"Name": "network-interface-id", "Values": ids}])

@@ -61,6 +61,11 @@ def check_name(name: str) -> None:
         raise EnvError(f"bad environment name {name!r}: use lower-case letters, digits and '-' (like pr-123)")
 
 
+def ephemeral_cluster_prefix() -> str:
+    """What every environment's cluster name starts with: the template's cluster name and a dash."""
+    return f"{load_stack(TEMPLATE_STACK).cluster_name}-"
+
+
 def env_config(name: str, template: Mapping[str, Any], owner: str, team: str | None,
                expires_at: datetime) -> dict[str, Any]:
     """The stack config of environment ``name``: the template's, its own cluster, the lease; validated."""
