@@ -21,6 +21,7 @@ from jobs.spec import KINDS
 def bench_stack(teams: int):
     return parse_stack("bench", {
         "gpuyard:cluster_name": "bench",
+        "gpuyard:image_registry": "123456789012.dkr.ecr.us-west-2.amazonaws.com/bench",
         "gpuyard:teams": [{"name": f"team-{index:03d}"} for index in range(teams)],
         "gpuyard:addons": {"trainer_v2": True},
     })

@@ -60,11 +60,12 @@ def instance_type(name: str) -> InstanceType:
         raise ValueError(f"unknown GPU instance type {name!r} (known: {', '.join(sorted(GPU_INSTANCE_TYPES))})") from None
 
 
+_SMALLEST_FIRST = sorted(GPU_INSTANCE_TYPES.values(), key=lambda t: (t.gpus, t.vcpus, t.name))
+
+
 def types_of_families(families: tuple[str, ...]) -> list[InstanceType]:
     """The known instance types of ``families``, smallest first."""
-    return sorted(
-        (t for t in GPU_INSTANCE_TYPES.values() if t.family in families), key=lambda t: (t.gpus, t.vcpus, t.name)
-    )
+    return [t for t in _SMALLEST_FIRST if t.family in families]
 
 
 def efa_types(families: tuple[str, ...]) -> list[InstanceType]:

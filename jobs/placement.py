@@ -69,8 +69,7 @@ def stack_pools(config: StackConfig) -> dict[str, Pool]:
     return pools
 
 
-def _pool(config: StackConfig, spec: JobSpec) -> Pool:
-    pools = stack_pools(config)
+def _pool(config: StackConfig, spec: JobSpec, pools: dict[str, Pool]) -> Pool:
     pool = pools.get(spec.node_pool)
     if pool is None:
         known = ", ".join(sorted(pools)) or "none"
@@ -140,12 +139,13 @@ def limit_breaches(pool: Pool, team: Team, spec: JobSpec) -> list[str]:
     return breaches
 
 
-def place(config: StackConfig, spec: JobSpec) -> JobSpec:
-    """``spec`` checked against ``config`` and pinned to its pool's kind and one instance family."""
+def place(config: StackConfig, spec: JobSpec, pools: dict[str, Pool] | None = None) -> JobSpec:
+    """``spec`` checked against ``config`` (whose ``stack_pools`` may be passed in when placing many) and
+    pinned to its pool's kind and one instance family."""
     team = config.team(spec.team)
     if not spec.gpus_per_node:
         return spec
-    pool = _pool(config, spec)
+    pool = _pool(config, spec, stack_pools(config) if pools is None else pools)
     types = fitting_types(pool, spec)
     breaches = limit_breaches(pool, team, spec)
     if breaches:

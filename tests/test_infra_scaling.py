@@ -17,7 +17,8 @@ def test_resource_count_is_linear_in_teams():
     plans = {n: plan_values("dev", {**base, "gpuyard:teams": teams(n)}).resources for n in (1, 10, 50)}
     counts = {n: len(resources) for n, resources in plans.items()}
     per_team = (counts[10] - counts[1]) // 9
-    assert per_team == 10 + len(team_network_policies())  # the Team component, 9 children and its NetworkPolicies
+    # the Team component, 10 children (a TrainingRuntime with Trainer v2 on dev) and its NetworkPolicies
+    assert per_team == 11 + len(team_network_policies())
     assert counts[50] - counts[10] == 40 * per_team
     assert counts[1] - per_team == counts[50] - 50 * per_team
     team_types = Counter(r.type for r in plans[50] if r.parent.startswith("team") or r.type == "gpuyard:tenancy:Team")

@@ -16,7 +16,7 @@ import yaml
 
 from infra.config import StackConfig, Team
 from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
-from jobs.placement import place
+from jobs.placement import place, stack_pools
 from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
 
 RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
@@ -50,7 +50,8 @@ def manifest_path(spec: JobSpec) -> Path:
 
 def default_specs(config: StackConfig) -> list[JobSpec]:
     """One job of each kind the stack runs, per team, at the default size, placed on the stack."""
-    return [place(config, build_spec(config, team, kind)) for team in config.teams for kind in stack_kinds(config)]
+    pools = stack_pools(config)
+    return [place(config, build_spec(config, team, kind), pools) for team in config.teams for kind in stack_kinds(config)]
 
 
 def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:
