@@ -54,7 +54,7 @@ def test_env_config_keeps_the_template_and_adds_its_own_cluster_and_lease():
 
 @pytest.mark.parametrize("name, owner, team, message", [
     ("pr-7", "ana", "nope", "unknown team 'nope' in stack 'ephemeral' (teams: sandbox)"),
-    ("pr-7", "", None, "stack 'pr-7': lease.owner: String should have at least 1 character"),
+    ("pr-7", "", None, "stack 'pr-7': gpuyard:lease.owner: String should have at least 1 character"),
     ("x" * 50, "ana", None, "cluster_name: String should have at most 63 characters"),
 ])
 def test_env_config_rejects_bad_input_in_one_line(name, owner, team, message):

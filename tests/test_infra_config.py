@@ -33,7 +33,7 @@ def test_stack_files_parse(stack):
         ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(desired_size=5)]}}, "desired_size 5 outside [0, 2]"),
         ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(efa=True)]}}, "unknown EFA-capable GPU instance type family 'g5'"),
         ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(), gpu_group()]}}, "duplicate node group name 'gpu'"),
-        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpu_node_groups.0.name"),
+        ({"gpuyard:cluster": {"gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpuyard:cluster.gpu_node_groups[0].name"),
         ({"gpuyard:cluster": {"endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
         ({"gpuyard:cluster": {"kubernetes_version": "1.20"}}, "cluster.kubernetes_version"),
         ({"gpuyard:network": {"az_count": 1}}, "network.az_count"),
@@ -41,7 +41,7 @@ def test_stack_files_parse(stack):
         ({"gpuyard:network": {"nat": "none"}}, "network.nat"),
         ({"gpuyard:karpenter": {"gpu_families": ["z1"]}}, "unknown GPU instance type family 'z1'"),
         ({"gpuyard:teams": [{"name": "a"}, {"name": "a"}]}, "duplicate team name 'a'"),
-        ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "teams.0.name"),
+        ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "gpuyard:teams[0].name"),
         ({"gpuyard:cluster_name": "Bad Name"}, "cluster_name"),
         ({"gpuyard:cluster": {"bogus": 1}}, "cluster.bogus"),
     ],
@@ -55,7 +55,7 @@ def test_bad_config_is_one_line(values, message):
 
 def test_plan_cli_rejects_bad_stack_with_one_line(tmp_path):
     (tmp_path / "Pulumi.bad.yaml").write_text(
-        "config:\n  gpuyard:cluster_name: x\n  gpuyard:cluster:\n    gpu_node_groups:\n"
+        "config:\n  aws:region: us-west-2\n  gpuyard:cluster_name: x\n  gpuyard:teams: [{name: a}]\n  gpuyard:cluster:\n    gpu_node_groups:\n"
         "      - {name: gpu, instance_types: [g5.xlarge], min_size: 4, max_size: 1}\n"
     )
     result = subprocess.run(

@@ -33,3 +33,7 @@ def main() -> None:
             typer.echo(f"gpuyard: error: {error.format_message()}", err=True)
         sys.exit(USAGE_EXIT)
     sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()
