@@ -15,7 +15,8 @@ from jobs.cli.errors import fail
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
                                    list_envs)
-from jobs.ephemeral.ttl import TTLError, describe_remaining, format_expiry, parse_ttl
+from jobs.duration import DurationError
+from jobs.ephemeral.ttl import describe_remaining, format_expiry, parse_ttl
 
 app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                       no_args_is_help=True)
@@ -119,7 +120,7 @@ def create(
     """Create and deploy stack NAME from stacks/Pulumi.ephemeral.yaml, leased until now + TTL."""
     try:
         env = create_env(name, parse_ttl(ttl), owner or _user(), team, datetime.now(UTC), console.print)
-    except (TTLError, EnvError, ConfigError) as error:
+    except (DurationError, EnvError, ConfigError) as error:
         fail(str(error))
     except auto.CommandError as error:
         fail(f"pulumi up of {name} failed: {_pulumi_reason(error)} (`gpuyard env destroy {name}` removes it)", code=1)
