@@ -155,15 +155,21 @@ def _validate_stack(args: StackValidationArgs, report_violation: ReportViolation
         report_violation(message, None)
 
 
+# name: (description, check) of each per-resource rule; ``gpuyard plan`` runs them on the offline plan too.
+RESOURCE_CHECKS: dict[str, tuple[str, Callable[[str, Props], list[str]]]] = {
+    "gpu-nodes-tainted": ("GPU node groups and NodePools carry the nvidia.com/gpu NoSchedule taint.",
+                          check_gpu_nodes_tainted),
+    "bucket-settings-private-encrypted": ("Bucket access blocks, encryption and ACLs keep data private.",
+                                          check_bucket_settings),
+    "imdsv2-required": ("Nodes require IMDSv2 session tokens.", check_imdsv2),
+    "no-ssh-from-anywhere": ("No ingress on port 22 from 0.0.0.0/0.", check_no_ssh_from_anywhere),
+}
+STACK_CHECK = "buckets-encrypted-and-private"
+
 POLICIES = [
-    resource_policy("gpu-nodes-tainted", "GPU node groups and NodePools carry the nvidia.com/gpu NoSchedule taint.",
-                    check_gpu_nodes_tainted),
-    resource_policy("bucket-settings-private-encrypted", "Bucket access blocks, encryption and ACLs keep data private.",
-                    check_bucket_settings),
-    resource_policy("imdsv2-required", "Nodes require IMDSv2 session tokens.", check_imdsv2),
-    resource_policy("no-ssh-from-anywhere", "No ingress on port 22 from 0.0.0.0/0.", check_no_ssh_from_anywhere),
+    *(resource_policy(name, description, check) for name, (description, check) in RESOURCE_CHECKS.items()),
     StackValidationPolicy(
-        name="buckets-encrypted-and-private",
+        name=STACK_CHECK,
         description="Every S3 bucket has encryption and a public access block.",
         validate=_validate_stack,
     ),
