@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import typer
 
-from infra.config import ConfigError, load_stack
+from infra.config import ConfigError, StackConfig, Team, load_stack
 from jobs.cli.errors import fail
 from jobs.cli.options import OutputFormat, Stack, checked_output_dir, provenance
 from jobs.duration import DurationError, parse_duration
@@ -18,6 +18,7 @@ from jobs.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GPUS_PER_NODE,
     DEFAULT_NODES,
+    ELASTIC_KINDS,
     KINDS,
     SpecError,
     build_spec,
@@ -34,6 +35,7 @@ class CapacityType(str, enum.Enum):
 
 
 MAX_NODES = 10_000
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TTL = timedelta(days=30)
 # JobSpec fields as the flags that set them, so an error names what the user typed.
 FLAG_OF_FIELD = {
@@ -46,20 +48,47 @@ _FIELD = re.compile(r"\b(" + "|".join(sorted(FLAG_OF_FIELD, key=len, reverse=Tru
 
 
 def in_flags(message: str) -> str:
-    """A JobSpec error with field names as flags: the leading location and any snake_case field in the text."""
-    location, sep, rest = message.partition(": ")
-    head = location.split(".")[0]
-    if sep and head in FLAG_OF_FIELD:
-        message = f"{FLAG_OF_FIELD[head]}{location[len(head):]}: {rest}"
+    """A JobSpec error with field names as flags: the leading location or word, and any snake_case field."""
+    head = re.split(r"[.: ]", message, maxsplit=1)[0]
+    if head in FLAG_OF_FIELD:
+        message = FLAG_OF_FIELD[head] + message[len(head):]
     return _FIELD.sub(lambda match: FLAG_OF_FIELD[match.group(1)] if "_" in match.group(1) else match.group(1),
                       message)
 
 
-def node_range(text: str) -> tuple[int, int]:
-    low, high = parse_nodes(text)
+def node_range(text: str, kind: str) -> tuple[int, int]:
+    """``--nodes`` as (min, max), each within 1..MAX_NODES; MIN:MAX only for an elastic kind."""
+    try:
+        low, high = parse_nodes(text)
+    except SpecError as error:
+        fail(f"--nodes: {error}")
     if not 1 <= low <= MAX_NODES or not 1 <= high <= MAX_NODES:
-        raise SpecError(f"--nodes {text}: node counts go from 1 to {MAX_NODES}")
+        fail(f"--nodes {text}: node counts go from 1 to {MAX_NODES}")
+    if low > high:
+        fail(f"--nodes {text}: MIN {low} is above MAX {high}")
+    if low < high and kind not in ELASTIC_KINDS:
+        fail(f"--nodes {text}: MIN:MAX (elastic) needs --kind {' or '.join(ELASTIC_KINDS)}, not {kind}")
     return low, high
+
+
+def trainer_env(items: list[str]) -> dict[str, str] | None:
+    try:
+        env = parse_env(items)
+    except SpecError as error:
+        fail(f"--env: {error}")
+    for key in env:
+        if not ENV_NAME.fullmatch(key):
+            fail(f"--env {key}=...: {key!r} is not a variable name (letters, digits and _, not starting with a digit)")
+    return env or None
+
+
+def ttl_seconds(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(parse_duration(text, maximum=MAX_TTL).total_seconds())
+    except DurationError as error:
+        fail(f"--ttl: {error}")
 
 
 def render_command(
@@ -93,26 +122,28 @@ def render_command(
 ) -> None:
     """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir."""
     out_dir = checked_output_dir(output_dir) if output_dir is not None else None
+    if all_ and (team or kind):
+        fail("--all renders every team and kind: drop --team/--kind")
+    if not all_ and (not team or not kind):
+        fail("--team and --kind are required (or --all)")
+    if efa and not gpus_per_node:
+        fail("--efa needs GPU nodes (--gpus-per-node > 0)")
     try:
         config = load_stack(stack.value)
+    except ConfigError as error:
+        fail(str(error))
+    try:
         if all_:
-            if team or kind:
-                raise SpecError("--all renders every team and kind: drop --team/--kind")
             specs = default_specs(config)
         else:
-            if not team or not kind:
-                raise SpecError("--team and --kind are required (or --all)")
-            min_nodes, max_nodes = node_range(nodes)
-            ttl_seconds = int(parse_duration(ttl, maximum=MAX_TTL).total_seconds()) if ttl is not None else None
+            min_nodes, max_nodes = node_range(nodes, kind.value)
             specs = [build_spec(
-                config, config.team(team), kind.value, name=name, nodes=max_nodes, min_nodes=min_nodes,
+                config, _team(config, team), kind.value, name=name, nodes=max_nodes, min_nodes=min_nodes,
                 gpus_per_node=gpus_per_node, capacity_type=capacity_type.value, epochs=epochs, cpu=cpu,
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool, image=image,
-                max_restarts=max_restarts, ttl_seconds_after_finished=ttl_seconds, env=parse_env(env) or None,
+                max_restarts=max_restarts, ttl_seconds_after_finished=ttl_seconds(ttl), env=trainer_env(env),
             )]
         rendered = render_specs(config, specs)
-    except DurationError as error:
-        fail(f"--ttl: {error}")
     except (ConfigError, SpecError, ValueError) as error:
         fail(in_flags(str(error)))
     if out_dir is None:
@@ -124,6 +155,13 @@ def render_command(
         fail(f"--output-dir {output_dir}: cannot write: {error.strerror or error} ({error.filename or out_dir})")
     for path in written:
         typer.echo(str(path))
+
+
+def _team(config: StackConfig, name: str) -> Team:
+    try:
+        return config.team(name)
+    except ConfigError as error:
+        fail(f"--team: {error}")
 
 
 def _as_text(manifests: list[dict], output: OutputFormat, header: str) -> str:
