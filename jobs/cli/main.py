@@ -45,7 +45,7 @@ def main() -> None:
     """Run the CLI; usage errors become one line on stderr and exit code 2; SIGINT and SIGTERM stop it cleanly."""
     interrupt_on_sigterm()
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="gpuyard")
     except KeyboardInterrupt:
         code = INTERRUPTED
     except typer.Abort:
