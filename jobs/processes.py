@@ -22,8 +22,20 @@ GRACE_SECONDS = 10.0
 
 
 def interrupt_on_sigterm() -> None:
-    """Make SIGTERM raise KeyboardInterrupt in the main thread, like SIGINT does."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    """Make SIGTERM act like a terminal's Ctrl-C: SIGINT to the children in our process group (pulumi, kubectl;
+    children in their own session are stopped by ``stop_tree``), KeyboardInterrupt here."""
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
+
+
+def _as_ctrl_c(_signum: int, _frame) -> None:
+    group = os.getpgrp()
+    for pid in descendants(os.getpid()):
+        try:
+            if os.getpgid(pid) == group:
+                os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    raise KeyboardInterrupt
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cli_helpers import GPUYARD, REPO
+from test_ephemeral_stacks import GPUYARD as GPUYARD_ENTRY, fake_pulumi, sandbox  # noqa: F401 (fixtures)
 from jobs.processes import alive, descendants, interrupt_on_sigterm, signals_deferred
 
 DEMO_FILES = 10
@@ -108,3 +109,42 @@ def test_signals_wait_until_a_deferred_block_is_done():
         assert steps == ["finished the block"]
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+HUNG_UP = '''elif args[:1] == ["up"]:
+    import signal, time
+    def interrupted(*_):
+        open(os.path.join(state, "up.log"), "a").write("SIGINT\\n")
+        sys.exit(1)
+    signal.signal(signal.SIGINT, interrupted)
+    print(f"Updating ({{stack}}):", flush=True)
+    time.sleep(120)
+    open(os.path.join(state, "up.log"), "a").write("finished\\n")'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_env_create_interrupts_pulumi_like_ctrl_c(sandbox, fake_pulumi, sig):
+    """SIGTERM to gpuyard alone reaches pulumi as the SIGINT a terminal would send it (pulumi then cancels)."""
+    script = sandbox["bin"] / "pulumi"
+    script.write_text(script.read_text().replace('elif args[:1] == ["up"]:\n    print(f"Updating ({stack}):")',
+                                                 HUNG_UP.replace("{{", "{").replace("}}", "}")))
+    create = subprocess.Popen([GPUYARD_ENTRY, "env", "create", "pr-5", "--ttl", "1h", "--owner", "ana"],
+                              env=sandbox["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    calls = fake_pulumi / "calls.log"
+    deadline = time.monotonic() + 60
+    while not (calls.exists() and "up pr-5" in calls.read_text().splitlines()):
+        assert time.monotonic() < deadline and create.poll() is None, create.stdout.read()
+        time.sleep(0.05)
+    time.sleep(1.0)  # the fake pulumi has installed its handler
+    tree = [create.pid, *descendants(create.pid)]
+    try:
+        os.killpg(create.pid, sig) if sig == signal.SIGINT else create.send_signal(sig)
+        assert create.wait(timeout=30) != 0
+        time.sleep(0.2)
+        assert [pid for pid in tree if alive(pid)] == []
+        assert (fake_pulumi / "up.log").read_text() == "SIGINT\n"
+    finally:  # a failure must not leave the fake pulumi sleeping
+        for pid in tree:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
