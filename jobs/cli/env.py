@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.config import ConfigError
+from infra.regions import COMMERCIAL_REGIONS
 from jobs.cli.errors import fail
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
@@ -68,6 +69,8 @@ def orphans_json(orphans: list[Orphan], reasons: dict[Orphan, str] | None = None
 def run_cleanup(cluster: str, region: str | None, *, dry_run: bool, assume_yes: bool,
                 as_json: bool = False) -> Report | None:
     """List, confirm, delete; None when nothing was to be done or the user said no."""
+    if region is not None and region not in COMMERCIAL_REGIONS:
+        fail(f"--region {region!r}: unknown AWS region (e.g. us-east-1, us-west-2, eu-west-1)")
     if not EKS_CLUSTER_NAME.fullmatch(cluster):
         fail(f"--cluster {cluster!r}: not an EKS cluster name (letters, digits, '-' and '_', starting with a letter "
              "or digit, at most 100)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 
 import typer
 
@@ -12,6 +13,7 @@ from jobs.cli.errors import fail
 from jobs.cli.options import Stack
 from jobs.image_build import DEFAULT_PLATFORM, BuildError, build_images
 
+PLATFORM = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?(,[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?)*")
 Image = enum.Enum("Image", [(name, name) for name in IMAGE_NAMES], type=str)
 
 app = typer.Typer(help="Container images of the training jobs (images/<name>/Dockerfile).",
@@ -27,6 +29,8 @@ def build(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the buildx commands; run nothing."),
 ) -> None:
     """Build each image with docker buildx from the repository root; with --push, push it to ECR."""
+    if not PLATFORM.fullmatch(platform):
+        fail(f"--platform {platform!r}: expected OS/ARCH[/VARIANT], comma-separated (like linux/amd64,linux/arm64)")
     try:
         build_images(load_stack(stack.value), [i.value for i in image], push=push, platform=platform,
                      echo=typer.echo, dry_run=dry_run)

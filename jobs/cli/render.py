@@ -36,6 +36,8 @@ class CapacityType(str, enum.Enum):
 
 MAX_NODES = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An OCI image reference's characters: [host[:port]/]path[:tag][@digest] (distribution/reference grammar).
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 MAX_TTL = timedelta(days=30)
 # JobSpec fields as the flags that set them, so an error names what the user typed.
 FLAG_OF_FIELD = {
@@ -128,6 +130,11 @@ def render_command(
         fail("--team and --kind are required (or --all)")
     if efa and not gpus_per_node:
         fail("--efa needs GPU nodes (--gpus-per-node > 0)")
+    for flag, value in (("--name", name), ("--node-pool", node_pool), ("--image", image)):
+        if value is not None and not value.strip():
+            fail(f"{flag} is empty: leave it out for the default")
+    if image and not IMAGE_REF.fullmatch(image):
+        fail(f"--image {image!r}: not an image reference (like registry.example.com/team/trainer:1.2)")
     try:
         config = load_stack(stack.value)
     except ConfigError as error:
