@@ -44,6 +44,7 @@ RENDER = [
     (["--env", "1X=2"], "--env 1X"),
     (["--capacity-type", "reserved"], "'--capacity-type'"),
     (["-o", "xml"], "'--output' / '-o'"),
+    (["-o", ""], "'--output' / '-o'"),
     (["--nodez", "3"], "--nodez"),
 ]
 RENDER_ONLY = [

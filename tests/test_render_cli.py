@@ -73,7 +73,7 @@ def test_all_writes_the_golden_files(tmp_path):
     (["--team", "nlp", "--kind", "tfjob"], "Invalid value for '--kind': 'tfjob' is not one of"),
     (["--team", "nlp", "--kind", "mpijob", "--nodes", "0"], "nodes"),
     (["--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "1.5"], "--gpus-per-node"),
-    (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "elastic min nodes 4 > max nodes 2"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "--nodes 4:2: MIN 4 is above MAX 2"),
     (["--team", "nlp", "--kind", "mpijob", "--name", "Big_Job"], "name"),
     (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
     (["--stack", "prod", "--team", "nlp", "--kind", "trainjob"], "does not install Kubeflow Trainer v2"),
