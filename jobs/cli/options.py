@@ -24,8 +24,9 @@ def available_stacks() -> list[str]:
     return sorted(path.name[len("Pulumi."):-len(".yaml")] for path in stacks_dir().glob("Pulumi.*.yaml"))
 
 
-# The stacks of stacks/ (or $GPUYARD_STACKS_DIR) as a click Choice, so --help lists them.
-Stack = enum.Enum("Stack", [(name, name) for name in available_stacks()], type=str)
+# The stacks of stacks/ (or $GPUYARD_STACKS_DIR) as a click Choice, so --help lists them; with none there,
+# "dev" stays a choice so load_stack can say where it looked.
+Stack = enum.Enum("Stack", [(name, name) for name in available_stacks() or ["dev"]], type=str)
 
 
 class OutputFormat(str, enum.Enum):
