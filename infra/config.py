@@ -14,11 +14,14 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.eks_versions import check_version
+from infra.conventions import PRIORITY_CLASSES
+from infra.regions import COMMERCIAL_REGIONS
+from infra.stack_file import StackFileError, read_config
 from infra.validation import validation_message
 
 PROJECT = "gpuyard"
@@ -50,7 +53,7 @@ class Team(Frozen):
     image: str | None = None
     service_account: Label | None = None
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
-    priority_class: Label = "gpuyard-normal"
+    priority_class: Literal[tuple(PRIORITY_CLASSES)] = "gpuyard-normal"
     member_role_arns: tuple[RoleArn, ...] = ()  # IAM roles mapped to the team's Kubernetes group
     # Pod Security Standard the namespace enforces; ``baseline`` only with ``pod_security_reason`` saying why.
     pod_security: Literal["restricted", "baseline"] = "restricted"
@@ -255,7 +258,7 @@ class KarpenterConfig(Frozen):
 
     gpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("g5", "g6", "g6e", "p4d", "p5")
     cpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("c7i", "m7i", "r7i")
-    gpu_limit: Annotated[int, Field(ge=0)] = 64
+    gpu_limit: Annotated[int, Field(ge=1)] = 64
     cpu_limit: Annotated[int, Field(ge=1)] = 1000
     spot: bool = True
 
@@ -307,9 +310,10 @@ class StackConfig(Frozen):
     stack: Label
     region: str = "us-west-2"
     cluster_name: Label
-    image_registry: str | None = None
+    # host[:port][/path], e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com or ghcr.io/org
+    image_registry: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9._-]+)*$")] | None = None
     image_tag: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")] = "0.1.0"
-    teams: tuple[Team, ...] = ()
+    teams: Annotated[tuple[Team, ...], Field(min_length=1)] = ()
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig = ClusterConfig()
     karpenter: KarpenterConfig = KarpenterConfig()
@@ -319,6 +323,13 @@ class StackConfig(Frozen):
     # S3 bucket for every team's checkpoints (teams write under their checkpoint_prefix);
     # defaults to "<cluster_name>-checkpoints". The stack creates it, the job templates point at it.
     checkpoint_bucket: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")] | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, region: str) -> str:
+        if region not in COMMERCIAL_REGIONS:
+            raise ValueError(f"unknown AWS region {region!r} (e.g. us-east-1, us-west-2, eu-west-1)")
+        return region
 
     @model_validator(mode="after")
     def _default_checkpoint_bucket(self) -> "StackConfig":
@@ -366,7 +377,15 @@ def parse_stack(stack: str, values: dict[str, Any], today: date | None = None) -
     try:
         return StackConfig.model_validate(ours, context={"today": today})
     except ValidationError as error:
-        raise ConfigError(f"stack {stack!r}: {validation_message(error, with_input=False)}") from None
+        raise ConfigError(f"stack {stack!r}: {validation_message(error, with_input=False, where=stack_key)}") from None
+
+
+def stack_key(location: tuple) -> str:
+    """A pydantic location as the key the stack file spells: ``gpuyard:teams[0].priority_class``."""
+    if not location:
+        return ""
+    head = {"region": "aws:region", "stack": "stack name"}.get(location[0], f"{PROJECT}:{location[0]}")
+    return head + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location[1:])
 
 
 def stacks_dir() -> Path:
@@ -386,7 +405,6 @@ def load_stack(stack: str, directory: Path | None = None) -> StackConfig:
         available = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in path.parent.glob("Pulumi.*.yaml"))
         raise ConfigError(f"unknown stack {stack!r}: no {path} (stacks: {', '.join(available) or 'none'})")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    return parse_stack(stack, document.get("config") or {})
+        return parse_stack(stack, read_config(path))
+    except StackFileError as error:
+        raise ConfigError(str(error)) from None

@@ -190,34 +190,43 @@ def plan(stack: str, directory: Path | None = None) -> Plan:
     return plan_values(stack, stack_values(stack, directory))
 
 
-def format_tree(stack: str, resources: list[PlannedResource]) -> str:
-    """Resources as a tree of components with a count per resource type, then the totals per type."""
+def policy_verdicts(resources: list[PlannedResource]) -> dict[str, list[str]]:
+    """Each CrossGuard rule of ``infra/policy`` run on the plan: ``{policy: ["resource: violation", ...]}``."""
+    from infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
+
+    verdicts = {name: [f"{r.name}: {message}" for r in resources for message in check(r.type, r.inputs)]
+                for name, (_, check) in RESOURCE_CHECKS.items()}
+    stack_view = [(r.urn, r.type, r.inputs, r.property_dependencies) for r in resources]
+    verdicts.update({name: check(stack_view) for name, (_, check) in STACK_CHECKS.items()})
+    return verdicts
+
+
+def format_preview(stack: str, resources: list[PlannedResource], verdicts: dict[str, list[str]]) -> str:
+    """What ``pulumi preview`` prints: the resource tree (type, name), the policy pack's verdicts, a summary."""
     children: dict[str, list[PlannedResource]] = {}
     for resource in resources:
         children.setdefault(resource.parent, []).append(resource)
-    lines = [f"stack {stack}: {len(resources)} resources"]
+    rows = [("pulumi:pulumi:Stack", f"{PROJECT}-{stack}")]
 
-    def walk(parent: str, depth: int) -> None:
+    def walk(parent: str, prefix: str) -> None:
         kids = children.get(parent, [])
-        for type_, count in sorted(Counter(k.type for k in kids if not _is_component(k)).items()):
-            lines.append(f"{'  ' * depth}{count:4d} x {type_}")
-        for component in (k for k in kids if _is_component(k)):
-            size = _descendants(component.name, children)
-            lines.append(f"{'  ' * depth}{component.name} ({component.type}, {size} resources)")
-            walk(component.name, depth + 1)
+        for index, kid in enumerate(kids):
+            last = index == len(kids) - 1
+            rows.append((f"{prefix}{'└─' if last else '├─'} {kid.type}", kid.name))
+            walk(kid.name, prefix + ("   " if last else "│  "))
 
-    walk(ROOT, 1)
-    lines.append("totals:")
-    lines.extend(f"  {count:4d} x {type_}" for type_, count in sorted(Counter(r.type for r in resources).items()))
+    walk(ROOT, "")
+    width = min(max(len(type_) for type_, _ in rows), 72) + 3
+    violations = sum(len(found) for found in verdicts.values())
+    lines = [f"Previewing update ({stack}), offline under Pulumi's mocks:", "",
+             f"     {'Type':<{width}}Name", *(f" +   {type_:<{width}}{name}" for type_, name in rows), "",
+             "Policies:",
+             f"    {'❌' if violations else '✅'} gpuyard (infra/policy): {len(verdicts)} policies, {violations} violations"]
+    for name, found in verdicts.items():
+        lines.append(f"        {'fail' if found else 'pass'}  {name}")
+        lines.extend(f"              - {message}" for message in found)
+    lines += ["", "Resources:", f"    + {len(resources)} to create"]
     return "\n".join(lines)
-
-
-def _is_component(resource: PlannedResource) -> bool:
-    return resource.type.startswith(f"{PROJECT}:")
-
-
-def _descendants(name: str, children: dict[str, list[PlannedResource]]) -> int:
-    return sum(1 + _descendants(kid.name, children) for kid in children.get(name, []))
 
 
 def plan_summary(stack: str) -> tuple[int, dict[str, int]]:

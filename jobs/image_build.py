@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from infra.config import StackConfig
 from infra.conventions import IMAGE_NAMES
 from infra.images import image_ref
+from jobs.processes import run_child
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLATFORM = "linux/amd64"
@@ -107,12 +109,20 @@ def ecr_login(host: str) -> None:
 
 
 def build_images(config: StackConfig, images: Sequence[str], *, push: bool, platform: str = DEFAULT_PLATFORM,
-                 echo: Callable[[str], None] = print) -> list[str]:
-    """Build (and push) each image in turn; returns their references. Stops at the first failure."""
+                 echo: Callable[[str], None] = print, dry_run: bool = False) -> list[str]:
+    """Build (and push) each image in turn; returns their references. Stops at the first failure.
+
+    With ``dry_run``, prints the buildx commands (one per line, shell-quoted) and runs nothing.
+    """
     unknown = [image for image in images if image not in IMAGE_NAMES]
     if unknown:
         raise BuildError(f"unknown image {unknown[0]!r} (images: {', '.join(IMAGE_NAMES)})")
     host = push_host(config) if push else None
+    if dry_run:
+        revision = source_revision()
+        for image in images:
+            echo(shlex.join(buildx_command(config, image, push=push, platform=platform, revision=revision)))
+        return [image_ref(config, image) for image in images]
     problem = docker_problem()
     if problem:
         raise BuildError(problem)
@@ -123,7 +133,7 @@ def build_images(config: StackConfig, images: Sequence[str], *, push: bool, plat
     for image in images:
         command = buildx_command(config, image, push=push, platform=platform, revision=revision)
         echo(f"building {image}: {' '.join(command)}")
-        if subprocess.run(command).returncode != 0:
+        if run_child(command) != 0:
             raise BuildFailed(f"docker buildx build of {image} failed (see the output above)")
         built.append(image_ref(config, image))
         echo(f"{'pushed' if push else 'built'} {built[-1]}")

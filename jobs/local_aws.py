@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from jobs.processes import stop_tree
+
 HOST = "127.0.0.1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -62,8 +64,15 @@ class LocalAWS:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._process = subprocess.Popen(
             [*_moto_command(), "-H", HOST, "-p", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS},
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS}, start_new_session=True,
         )
+        try:
+            return self._wait_ready(timeout)
+        except BaseException:  # not ready, or interrupted while starting: leave nothing behind
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> "LocalAWS":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -73,17 +82,12 @@ class LocalAWS:
                 return self
             except OSError:
                 time.sleep(0.1)
-        self.stop()
         raise RuntimeError(f"moto_server did not answer on {self.endpoint_url} within {timeout:.0f}s")
 
     def stop(self) -> None:
-        if self._process and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        """Stop moto_server (its own session: a terminal's Ctrl-C reaches only us) and free the port."""
+        if self._process:
+            stop_tree(self._process)
         self._process = None
 
     def __enter__(self) -> "LocalAWS":

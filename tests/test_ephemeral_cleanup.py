@@ -424,7 +424,9 @@ def test_a_resource_whose_tags_change_before_delete_is_left_alone(local_aws):
 def test_empty_cluster_name_is_a_usage_error(local_aws):
     result = gpuyard("env", "cleanup", "--cluster", " ", "--yes", endpoint=local_aws.endpoint_url)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["gpuyard: error: empty cluster name: pass --cluster NAME"]
+    assert result.stderr.strip().splitlines() == [
+        "gpuyard: error: --cluster ' ': not an EKS cluster name (letters, digits, '-' and '_', starting with a letter "
+        "or digit, at most 100)"]
     with pytest.raises(CleanupError, match="empty cluster name"):
         Cleaner("")
 

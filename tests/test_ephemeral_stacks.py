@@ -54,7 +54,7 @@ def test_env_config_keeps_the_template_and_adds_its_own_cluster_and_lease():
 
 @pytest.mark.parametrize("name, owner, team, message", [
     ("pr-7", "ana", "nope", "unknown team 'nope' in stack 'ephemeral' (teams: sandbox)"),
-    ("pr-7", "", None, "stack 'pr-7': lease.owner: String should have at least 1 character"),
+    ("pr-7", "", None, "stack 'pr-7': gpuyard:lease.owner: String should have at least 1 character"),
     ("x" * 50, "ana", None, "cluster_name: String should have at most 63 characters"),
 ])
 def test_env_config_rejects_bad_input_in_one_line(name, owner, team, message):
@@ -107,6 +107,7 @@ def gpuyard(sandbox, *args: str) -> subprocess.CompletedProcess:
     ["env", "create", "pr-7", "--ttl", "8h"],
     ["env", "create", "pr-7", "--ttl", "2d", "--team", "sandbox", "--owner", "ana"],
     ["env", "destroy", "pr-7"],
+    ["env", "destroy", "pr-7", "--dry-run"],
     ["env", "list"],
     ["env", "reap"],
     ["env", "reap", "--dry-run"],
@@ -121,8 +122,10 @@ def test_without_the_pulumi_cli_every_stack_command_says_so_in_one_line_and_chan
 
 
 @pytest.mark.parametrize("args, message", [
-    (["env", "create", "pr-7", "--ttl", "8"], "bad TTL '8': expected a positive duration like 30m, 8h, 2d"),
-    (["env", "create", "pr-7", "--ttl", "45d"], "bad TTL '45d'"),
+    (["env", "create", "pr-7", "--ttl", "8"], "--ttl: duration '8' out of range: from 1m to 30d"),
+    (["env", "create", "pr-7", "--ttl", "45d"], "--ttl: duration '45d' out of range"),
+    (["env", "create", "pr-7", "--ttl", "8 hours"], "--ttl: bad duration '8 hours': expected 90s, 30m, 8h"),
+    (["env", "create", "pr-7", "--ttl", "8h", "--owner", " "], "--owner is empty"),
     (["env", "create", "pr-7", "--ttl", "8h", "--team", "nope"], "unknown team 'nope' in stack 'ephemeral'"),
     (["env", "create", "Bad_Name", "--ttl", "8h"], "bad environment name 'Bad_Name'"),
     (["env", "create", "dev", "--ttl", "8h"], "stack 'dev' already exists"),
@@ -275,7 +278,7 @@ def test_reap_cleans_up_then_destroys_and_removes_only_the_expired(sandbox, fake
 def test_destroy_keeps_the_stack_when_cleanup_cannot_reach_aws(sandbox, fake_pulumi):
     sandbox["env"].update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_MAX_ATTEMPTS": "1",
                            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
-    result = gpuyard(sandbox, "env", "destroy", "pr-1")
+    result = gpuyard(sandbox, "env", "destroy", "pr-1", "--yes")
     assert result.returncode == 1
     assert "pr-1: cleanup could not start: AWS endpoint unreachable" in result.stdout
     assert "destroy pr-1" not in _calls(fake_pulumi)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.ephemeral.ttl import MAX_TTL, TTLError, describe_remaining, format_expiry, parse_ttl
+from jobs.duration import DurationError, parse_duration
+from jobs.ephemeral.ttl import MAX_TTL, describe_remaining, format_expiry, parse_ttl
 
 NOW = datetime(2026, 12, 2, 15, 0, tzinfo=UTC)
 
@@ -19,15 +20,28 @@ NOW = datetime(2026, 12, 2, 15, 0, tzinfo=UTC)
     ("1h30m", timedelta(hours=1, minutes=30)),
     (" 8H ", timedelta(hours=8)),
     ("30d", MAX_TTL),
+    ("90s", timedelta(seconds=90)),
+    ("3600", timedelta(hours=1)),
 ])
 def test_parse_ttl_accepts_compact_durations(text, expected):
     assert parse_ttl(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "8", "h", "0h", "0m0h", "31d", "5w", "8x", "-1h", "1.5h", "8 h", "h8", "1h 30m"])
-def test_parse_ttl_rejects_the_rest_naming_the_accepted_forms(text):
-    with pytest.raises(TTLError, match=r"^bad TTL .*: expected a positive duration like 30m, 8h, 2d, 1w or 1h30m"):
+@pytest.mark.parametrize("text", ["", "h", "8x", "-1h", "1.5h", "8 h", "h8", "1h 30m", "1e3"])
+def test_parse_ttl_rejects_malformed_durations_naming_the_accepted_forms(text):
+    with pytest.raises(DurationError, match=r"^bad duration .*: expected 90s, 30m, 8h, 2d, 1w, 1h30m or plain seconds"):
         parse_ttl(text)
+
+
+@pytest.mark.parametrize("text", ["8", "0h", "0m0h", "59s", "31d", "5w", "99999999999999999999"])
+def test_parse_ttl_rejects_leases_outside_a_minute_to_30_days(text):
+    with pytest.raises(DurationError, match=r"out of range: from 1m to 30d"):
+        parse_ttl(text)
+
+
+@pytest.mark.parametrize("text, seconds", [("0", 0), ("90s", 90), ("1m30s", 90), ("2d", 172800), ("1W", 604800)])
+def test_one_duration_form_for_every_command(text, seconds):
+    assert parse_duration(text) == timedelta(seconds=seconds)
 
 
 @given(st.integers(min_value=1, max_value=30 * 24 * 60))

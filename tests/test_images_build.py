@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -137,5 +138,17 @@ def test_a_failed_build_stops_with_exit_1_after_docker_s_own_output(docker):
 
 def test_unknown_image_is_a_usage_error(docker):
     env, calls = docker
-    assert "unknown image 'cuda'" in one_line_error(gpuyard("-i", "cuda", env=env))
+    assert "Invalid value for '--image' / '-i': 'cuda' is not one of 'ddp', 'mpi', 'ray'" in one_line_error(
+        gpuyard("-i", "cuda", env=env))
+    assert calls() == []
+
+
+def test_dry_run_prints_the_buildx_commands_and_runs_nothing(docker):
+    env, calls = docker
+    result = gpuyard("--dry-run", "-i", "ddp", "-i", "ray", env=env)
+    assert result.returncode == 0, result.stderr
+    commands = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert [command[:3] for command in commands] == [["docker", "buildx", "build"]] * 2
+    assert [command[command.index("--tag") + 1] for command in commands] == ["gpuyard-dev/ddp:0.1.0",
+                                                                             "gpuyard-dev/ray:0.1.0"]
     assert calls() == []

@@ -38,15 +38,15 @@ def test_stack_files_parse(stack):
         ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(efa=True, instance_types=["p4d.24xlarge", "p5.48xlarge"])]}},
          "EFA instance types with different network card counts"),
         ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(), gpu_group()]}}, "duplicate node group name 'gpu'"),
-        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpu_node_groups.0.name"),
+        ({"gpuyard:cluster": {**ACCESS, "gpu_node_groups": [gpu_group(name="GPU_big")]}}, "gpuyard:cluster.gpu_node_groups[0].name"),
         ({"gpuyard:cluster": {**ACCESS, "endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
-        ({"gpuyard:cluster": {**ACCESS, "kubernetes_version": "1.20"}}, "cluster: kubernetes_version '1.20' is not an EKS version"),
+        ({"gpuyard:cluster": {**ACCESS, "kubernetes_version": "1.20"}}, "kubernetes_version '1.20' is not an EKS version"),
         ({"gpuyard:network": {"az_count": 1}}, "network.az_count"),
         ({"gpuyard:network": {"cidr": "10.0.0.0/26"}}, "must be an IPv4 network of /20 or larger"),
         ({"gpuyard:network": {"nat": "none"}}, "network.nat"),
         ({"gpuyard:karpenter": {"gpu_families": ["z1"]}}, "unknown GPU instance type family 'z1'"),
         ({"gpuyard:teams": [{"name": "a"}, {"name": "a"}]}, "duplicate team name 'a'"),
-        ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "teams.0.name"),
+        ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "gpuyard:teams[0].name"),
         ({"gpuyard:cluster_name": "Bad Name"}, "cluster_name"),
         ({"gpuyard:cluster": {**ACCESS, "bogus": 1}}, "cluster.bogus"),
     ],
@@ -60,7 +60,7 @@ def test_bad_config_is_one_line(values, message):
 
 def test_plan_cli_rejects_bad_stack_with_one_line(tmp_path):
     (tmp_path / "Pulumi.bad.yaml").write_text(
-        "config:\n  gpuyard:cluster_name: x\n  gpuyard:cluster:\n    gpu_node_groups:\n"
+        "config:\n  aws:region: us-west-2\n  gpuyard:cluster_name: x\n  gpuyard:teams: [{name: a}]\n  gpuyard:cluster:\n    gpu_node_groups:\n"
         "      - {name: gpu, instance_types: [g5.xlarge], min_size: 4, max_size: 1}\n"
     )
     result = subprocess.run(

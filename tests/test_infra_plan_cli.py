@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
-from infra.plan import plan_summary
+from infra.plan import format_preview, plan_summary, policy_verdicts
+from infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
 from infra_plans import stack_plan
 
 CLI = [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan"]
@@ -19,8 +21,10 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_json_lists_every_resource_with_type_name_parent_inputs():
     result = run("--stack", "dev", "--json")
     assert result.returncode == 0, result.stderr
-    resources = json.loads(result.stdout)
-    assert len(resources) == len(stack_plan("dev").resources)
+    document = json.loads(result.stdout)
+    resources = document["resources"]
+    assert len(resources) == document["create"] == len(stack_plan("dev").resources)
+    assert set(document["policies"]) == {*RESOURCE_CHECKS, *STACK_CHECKS} and not any(document["policies"].values())
     assert all(set(r) == {"type", "name", "parent", "inputs"} for r in resources)
     (cluster,) = [r for r in resources if r["type"] == "aws:eks/cluster:Cluster"]
     assert cluster["parent"] == "cluster" and cluster["inputs"]["name"] == "gpuyard-dev"
@@ -28,21 +32,34 @@ def test_json_lists_every_resource_with_type_name_parent_inputs():
     assert provider["inputs"]["kubeconfig"] == "[secret]"
 
 
-def test_tree_groups_by_component_with_counts():
+def test_preview_shows_every_resource_by_type_and_name_the_policies_and_a_summary():
     result = run("--stack", "prod")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    count = len(stack_plan("prod").resources)
-    assert lines[0] == f"stack prod: {count} resources"
-    assert "  team-research (gpuyard:tenancy:Team, 15 resources)" in lines
-    assert "       2 x aws:ec2/placementGroup:PlacementGroup" in lines
-    assert "totals:" in lines
+    resources = stack_plan("prod").resources
+    assert lines[0] == "Previewing update (prod), offline under Pulumi's mocks:"
+    rows = [line for line in lines if line.startswith(" +   ")]
+    assert len(rows) == len(resources) + 1  # and the stack itself
+    assert any(re.fullmatch(r" \+   ├─ gpuyard:tenancy:Team\s+team-research", row) for row in rows)
+    assert any(re.fullmatch(r" \+   │  ├─ aws:eks/cluster:Cluster\s+cluster-eks", row) for row in rows)
+    assert "    ✅ gpuyard (infra/policy): 10 policies, 0 violations" in lines
+    assert "        pass  imdsv2-required" in lines
+    assert lines[-2:] == ["Resources:", f"    + {len(resources)} to create"]
+
+
+def test_policy_violations_are_shown_per_resource():
+    resources = [r for r in stack_plan("dev").resources if "BucketPublicAccessBlock" not in r.type]
+    verdicts = policy_verdicts(resources)
+    assert verdicts["buckets-encrypted-and-private"] == ["bucket storage-checkpoints has no public access block"]
+    text = format_preview("dev", resources, verdicts)
+    assert "    ❌ gpuyard (infra/policy): 10 policies, 1 violations" in text
+    assert "        fail  buckets-encrypted-and-private\n              - bucket storage-checkpoints" in text
 
 
 def test_unknown_stack_is_a_usage_error():
     result = run("--stack", "nope")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("gpuyard: error: unknown stack 'nope'")
+    assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': 'nope' is not one of")
 
 
 def test_summary_for_the_demo():

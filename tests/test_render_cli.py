@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jobs.cli.options import gpuyard_version
 from jobs.workload.args import parse_args
 
-GPUYARD = Path(sys.executable).with_name("gpuyard")
+GPUYARD = Path(sys.executable).with_name("gpuyard")  # the installed entry point, as users run it
 GOLDEN = Path(__file__).parent / "golden"
 
 
@@ -91,24 +92,25 @@ def test_jobs_can_target_prods_reserved_node_group():
 
 def test_all_writes_the_golden_files(tmp_path):
     out = tmp_path / "manifests"
-    result = gpuyard("--stack", "dev", "--all", "-o", str(out))
+    result = gpuyard("--stack", "dev", "--all", "-d", str(out))
     assert result.returncode == 0, result.stderr
-    files = sorted(out.rglob("*.yaml"))
-    assert len(files) == 10
-    assert {path.parent.name for path in files} == {"vision", "nlp"}
+    files = sorted(out.iterdir())  # one flat folder: `kubectl apply -f DIR` without -R
+    assert len(files) == 10 and all(path.suffix == ".yaml" for path in files)
     assert sorted(result.stdout.split()) == sorted(str(path) for path in files)
     for path in files:  # the goldens are schema-checked in test_render_golden
-        kind = path.stem.rsplit("-", 1)[1]
-        assert path.read_text() == (GOLDEN / kind / f"{path.parent.name}.yaml").read_text()
+        team, kind = path.stem.rsplit("-", 1)
+        header, body = path.read_text().split("\n", 1)
+        assert header == f"# Rendered by gpuyard {gpuyard_version()} from stack dev: gpuyard render --stack dev --all -d {out}"
+        assert body == (GOLDEN / kind / f"{team}.yaml").read_text()
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--stack", "nope", "--all"], "unknown stack 'nope'"),
+    (["--stack", "nope", "--all"], "Invalid value for '--stack': 'nope' is not one of 'dev', 'ephemeral', 'prod'"),
     (["--team", "ghost", "--kind", "mpijob"], "unknown team 'ghost'"),
-    (["--team", "nlp", "--kind", "tfjob"], "unknown kind 'tfjob'"),
+    (["--team", "nlp", "--kind", "tfjob"], "Invalid value for '--kind': 'tfjob' is not one of"),
     (["--team", "nlp", "--kind", "mpijob", "--nodes", "0"], "nodes"),
     (["--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "1.5"], "--gpus-per-node"),
-    (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "elastic min nodes 4 > max nodes 2"),
+    (["--team", "nlp", "--kind", "pytorchjob", "--nodes", "4:2"], "--nodes 4:2: MIN 4 is above MAX 2"),
     (["--team", "nlp", "--kind", "mpijob", "--name", "Big_Job"], "name"),
     (["--team", "nlp", "--kind", "pytorchjob", "--name", "1st-run"], "'1st-run' is not a DNS-1035 label"),
     (["--team", "nlp", "--kind", "rayjob", "--name", "r" * 48], "a rayjob name has at most 47"),
@@ -135,7 +137,7 @@ def test_all_writes_the_golden_files(tmp_path):
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "out"
-    result = gpuyard(*args, "-o", str(out))
+    result = gpuyard(*args, "-d", str(out))
     assert result.returncode == 2
     assert result.stderr.startswith("gpuyard: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1
@@ -145,6 +147,6 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message
 def test_output_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "manifests"
     target.write_text("not a folder")
-    result = gpuyard("--all", "-o", str(target))
+    result = gpuyard("--all", "-d", str(target))
     assert result.returncode == 2 and "is not a folder" in result.stderr
     assert target.read_text() == "not a folder" and sorted(tmp_path.iterdir()) == [target]

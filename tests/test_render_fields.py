@@ -389,10 +389,10 @@ def test_parse_env():
 
 def test_write_manifests_adds_files_and_keeps_others(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
-    written = write_manifests({Path("a/x.yaml"): {"kind": "X"}, Path("b/y.yaml"): {"kind": "Y"}}, tmp_path)
-    assert written == [tmp_path / "a/x.yaml", tmp_path / "b/y.yaml"]
-    assert (tmp_path / "a/x.yaml").read_text() == "kind: X\n" and (tmp_path / "keep.txt").read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "keep.txt"]  # no staging folder left
+    written = write_manifests({Path("x.yaml"): {"kind": "X"}, Path("y.yaml"): {"kind": "Y"}}, tmp_path)
+    assert written == [tmp_path / "x.yaml", tmp_path / "y.yaml"]
+    assert (tmp_path / "x.yaml").read_text() == "kind: X\n" and (tmp_path / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "x.yaml", "y.yaml"]  # no staging folder left
 
 
 def test_write_manifests_writes_nothing_when_one_fails(tmp_path):

@@ -272,22 +272,28 @@ def stack_policy(name: str, description: str, check: Callable[[list], list[str]]
     return StackValidationPolicy(name=name, description=description, validate=validate)
 
 
+# name: (description, check) of each rule; ``gpuyard plan`` runs them on the offline plan too.
+RESOURCE_CHECKS: dict[str, tuple[str, Callable[[str, Props], list[str]]]] = {
+    "gpu-nodes-tainted": ("GPU node groups and NodePools carry the nvidia.com/gpu NoSchedule taint.",
+                          check_gpu_nodes_tainted),
+    "bucket-settings-private-encrypted": ("Bucket access blocks, encryption and ACLs keep data private.",
+                                          check_bucket_settings),
+    "imdsv2-required": ("Nodes require IMDSv2 session tokens.", check_imdsv2),
+    "no-ssh-from-anywhere": ("No ingress on port 22 from 0.0.0.0/0.", check_no_ssh_from_anywhere),
+    "imds-hop-limit-one": ("Nodes answer IMDS with hop limit 1.", check_imds_hop_limit),
+    "eks-endpoint-not-open": ("The EKS API endpoint is never public to 0.0.0.0/0.", check_eks_endpoint_not_open),
+    "karpenter-actions-tag-scoped": ("Instance, launch template and instance profile actions carry tag conditions.",
+                                     check_karpenter_actions_scoped),
+    "namespace-pod-security": ("Namespaces enforce a Pod Security Standard.", check_namespace_pod_security),
+}
+STACK_CHECKS: dict[str, tuple[str, Callable[[list], list[str]]]] = {
+    "buckets-encrypted-and-private": ("Every S3 bucket has encryption and a public access block.",
+                                      check_buckets_encrypted_and_private),
+    "network-policies-enforced": ("NetworkPolicies come with the vpc-cni add-on enforcing them.",
+                                  check_network_policies_enforced),
+}
+
 POLICIES = [
-    resource_policy("gpu-nodes-tainted", "GPU node groups and NodePools carry the nvidia.com/gpu NoSchedule taint.",
-                    check_gpu_nodes_tainted),
-    resource_policy("bucket-settings-private-encrypted", "Bucket access blocks, encryption and ACLs keep data private.",
-                    check_bucket_settings),
-    resource_policy("imdsv2-required", "Nodes require IMDSv2 session tokens.", check_imdsv2),
-    resource_policy("no-ssh-from-anywhere", "No ingress on port 22 from 0.0.0.0/0.", check_no_ssh_from_anywhere),
-    resource_policy("imds-hop-limit-one", "Nodes answer IMDS with hop limit 1.", check_imds_hop_limit),
-    resource_policy("eks-endpoint-not-open", "The EKS API endpoint is never public to 0.0.0.0/0.",
-                    check_eks_endpoint_not_open),
-    resource_policy("karpenter-actions-tag-scoped", "Instance, launch template and instance profile actions carry "
-                    "tag conditions.", check_karpenter_actions_scoped),
-    resource_policy("namespace-pod-security", "Namespaces enforce a Pod Security Standard.",
-                    check_namespace_pod_security),
-    stack_policy("buckets-encrypted-and-private", "Every S3 bucket has encryption and a public access block.",
-                 check_buckets_encrypted_and_private),
-    stack_policy("network-policies-enforced", "NetworkPolicies come with the vpc-cni add-on enforcing them.",
-                 check_network_policies_enforced),
+    *(resource_policy(name, description, check) for name, (description, check) in RESOURCE_CHECKS.items()),
+    *(stack_policy(name, description, check) for name, (description, check) in STACK_CHECKS.items()),
 ]

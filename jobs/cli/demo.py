@@ -22,7 +22,9 @@ import typer
 
 from infra.config import load_stack
 from jobs.cli.errors import fail
+from jobs.cli.options import Stack, checked_output_dir, provenance
 from jobs.local_aws import LocalAWS
+from jobs.processes import stop_tree
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
 
 BUCKET = "gpuyard-demo"
@@ -61,9 +63,13 @@ def run_training(aws: LocalAWS, console: Console, args: TrainArgs = DEMO_ARGS) -
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as launcher_log:
         trainer = subprocess.Popen(torchrun_command(args), stdout=subprocess.PIPE, stderr=launcher_log, text=True,
-                                   env={**os.environ, **aws.env, "OMP_NUM_THREADS": "1"})
-        training = _follow(trainer, console, args, aws.endpoint_url)
-        if trainer.wait() != 0 or not training.done:
+                                   env={**os.environ, **aws.env, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+        try:
+            training = _follow(trainer, console, args, aws.endpoint_url)
+            trainer.wait()
+        finally:  # on Ctrl-C/SIGTERM too: torchrun and its workers (each in a session of its own) stop here
+            stop_tree(trainer)
+        if trainer.returncode != 0 or not training.done:
             launcher_log.seek(0)
             fail(f"training failed (exit {trainer.returncode}): {root_cause(launcher_log.read())}", 1)
     training.seconds = time.perf_counter() - started
@@ -132,21 +138,22 @@ def demo_registry(cluster_name: str) -> str:
 
 
 def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
-    """Render every kind for every team of the stack into ``out_dir`` and list the files."""
-    from jobs.render import render_all
+    """Render every kind for every team of the stack into ``out_dir`` (all files or none) and list them."""
+    from jobs.render import default_specs, manifest_path, render_specs, write_manifests
 
     config = load_stack(stack)
-    title = f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all)"
+    title = f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all -d {out_dir})"
     if not config.image_registry:
         config = config.model_copy(update={"image_registry": demo_registry(config.cluster_name)})
         title += f"; images from the placeholder {config.image_registry} (set gpuyard:image_registry)"
-    written = render_all(config, out_dir)
+    specs = default_specs(config)
+    written = write_manifests(render_specs(config, specs), out_dir, provenance(stack))
     table = Table(title=title, title_justify="left")
     table.add_column("team")
     table.add_column("kind")
     table.add_column("file", overflow="fold")
-    for path in written:
-        table.add_row(path.parent.name, path.stem.removeprefix(f"{path.parent.name}-"), str(path))
+    for spec in specs:
+        table.add_row(spec.team, spec.kind, str(out_dir / manifest_path(spec)))
     console.print(table)
     return written
 
@@ -170,18 +177,23 @@ def show_plan_summary(console: Console, stack: str) -> int:
 
 
 def demo(
-    stack: str = typer.Option("dev", "--stack", help="Stack whose templates and plan are shown."),
-    output: Path = typer.Option(Path("out/demo"), "--output", "-o", help="Folder for the rendered templates."),
+    stack: Stack = typer.Option("dev", "--stack", help="Stack whose templates and plan are shown."),
+    output_dir: str = typer.Option("out/demo", "--output-dir", "-d", metavar="DIR",
+                                   help="Folder for the rendered templates."),
 ) -> None:
     """Train the reference DDP workload under torchrun on a local S3 endpoint, then render the
     stack's job templates and show what `pulumi up` would create."""
     console = Console()
+    out_dir = checked_output_dir(output_dir)  # before training, not after it
     try:
-        config = load_stack(stack)
+        config = load_stack(stack.value)
     except ValueError as error:
         fail(str(error))
     with LocalAWS() as aws:
         training = run_training(aws, console)
     show_training_summary(console, training)
-    render_templates(console, config.stack, output)
+    try:
+        render_templates(console, config.stack, out_dir)
+    except OSError as error:
+        fail(f"--output-dir {output_dir}: cannot write: {error.strerror or error}", 1)
     show_plan_summary(console, config.stack)

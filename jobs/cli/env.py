@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import getpass
+import json
+import re
 from datetime import UTC, datetime
 
 import typer
+import yaml
 from pulumi import automation as auto
 from rich.console import Console
 from rich.table import Table
 
 from infra.config import ConfigError
+from infra.regions import COMMERCIAL_REGIONS
 from jobs.cli.errors import fail
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
 from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
-                                   ephemeral_cluster_prefix, list_envs)
-from jobs.ephemeral.ttl import TTLError, describe_remaining, format_expiry, parse_ttl
+                                   ephemeral_cluster_prefix, leased_env, list_envs, new_env_config)
+from jobs.duration import DurationError
+from jobs.ephemeral.ttl import describe_remaining, format_expiry, parse_ttl
 
 app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                       no_args_is_help=True)
 
 console = Console(highlight=False, markup=False, emoji=False)  # AWS names and Pulumi output print as they are
+progress_console = Console(stderr=True, highlight=False, markup=False, emoji=False)  # beside JSON on stdout
+# EKS CreateCluster's name constraint (API reference, CreateCluster: name, 1-100 characters).
+EKS_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]{0,99}$")
 
 
 def orphan_table(title: str, orphans: list[Orphan], reasons: dict[Orphan, str] | None = None) -> Table:
@@ -43,21 +51,43 @@ def print_report(cluster: str, report: Report) -> None:
         console.print(f"stopped early: {report.aborted}")
 
 
-def run_cleanup(cluster: str, region: str | None, *, dry_run: bool, assume_yes: bool, force: bool) -> Report | None:
-    """Refuse a live or non-ephemeral cluster (unless ``force``), list, confirm, delete; None when nothing was to be
-    done or the user said no."""
+def find_leftovers(cluster: str, region: str | None, force: bool,
+                   say: Console = console) -> tuple[Cleaner, list[Orphan]]:
+    """Refuse a live or non-ephemeral cluster (unless ``force``), then the cluster's leftovers, with a spinner while
+    AWS answers (retries against a slow endpoint take a while)."""
     try:
-        cleaner = Cleaner(cluster, region, on_progress=console.print)
+        cleaner = Cleaner(cluster, region, on_progress=say.print)
         refusal = None if force else cleaner.refusal(ephemeral_cluster_prefix())
         if refusal:
             fail(f"refusing to clean up: {refusal}")
-        plan = cleaner.find()
+        with say.status(f"listing what cluster {cluster} left in AWS"):
+            return cleaner, cleaner.find()
     except (CleanupError, ConfigError) as error:
         fail(str(error))
+
+
+def orphans_json(orphans: list[Orphan], reasons: dict[Orphan, str] | None = None) -> list[dict]:
+    return [{"kind": o.kind, "id": o.id, "name": o.name, "detail": o.detail,
+             **({"why": reasons.get(o, "")} if reasons else {})} for o in orphans]
+
+
+def run_cleanup(cluster: str, region: str | None, *, dry_run: bool, assume_yes: bool, force: bool = False,
+                as_json: bool = False) -> Report | None:
+    """Refuse, list, confirm, delete; None when nothing was to be done or the user said no."""
+    if region is not None and region not in COMMERCIAL_REGIONS:
+        fail(f"--region {region!r}: unknown AWS region (e.g. us-east-1, us-west-2, eu-west-1)")
+    if not EKS_CLUSTER_NAME.fullmatch(cluster):
+        fail(f"--cluster {cluster!r}: not an EKS cluster name (letters, digits, '-' and '_', starting with a letter "
+             "or digit, at most 100)")
+    cleaner, plan = find_leftovers(cluster, region, force, progress_console if as_json else console)
+    if as_json and (dry_run or not plan):
+        typer.echo(json.dumps({"cluster": cluster, "found": orphans_json(plan), "deleted": []}, indent=1))
+        return None
     if not plan:
         console.print(f"nothing to clean up for cluster {cluster}")
         return None
-    console.print(orphan_table(f"left in AWS by cluster {cluster} ({len(plan)}), in deletion order", plan))
+    if not as_json:
+        console.print(orphan_table(f"left in AWS by cluster {cluster} ({len(plan)}), in deletion order", plan))
     if dry_run:
         console.print("dry run: nothing deleted")
         return None
@@ -83,11 +113,19 @@ def cleanup(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting."),
     force: bool = typer.Option(False, "--force",
                                help="Also for a cluster that still exists or is not an ephemeral environment's."),
+    as_json: bool = typer.Option(False, "--json", help="Print {cluster, found, deleted, failed, left} as JSON."),
 ) -> None:
     """Delete what Karpenter, the VPC CNI and the load balancer controllers left for CLUSTER, in dependency order."""
-    report = run_cleanup(cluster, region, dry_run=dry_run, assume_yes=yes, force=force)
+    if as_json and not (yes or dry_run):
+        fail("--json cannot ask before deleting: add --yes, or --dry-run to only list")
+    report = run_cleanup(cluster, region, dry_run=dry_run, assume_yes=yes, force=force, as_json=as_json)
     if report is not None:
-        print_report(cluster, report)
+        if as_json:
+            typer.echo(json.dumps({"cluster": cluster, "deleted": orphans_json(report.deleted),
+                                   "failed": orphans_json(sorted(report.failed), report.failed),
+                                   "left": orphans_json(report.left), "aborted": report.aborted}, indent=1))
+        else:
+            print_report(cluster, report)
         if not report.ok:
             raise typer.Exit(1)
 
@@ -119,14 +157,26 @@ def _user() -> str:
 @app.command()
 def create(
     name: str = typer.Argument(..., help="Environment (stack) name, e.g. pr-123."),
-    ttl: str = typer.Option(..., "--ttl", help="Lifetime: 30m, 8h, 2d, 1h30m (at most 30d)."),
+    ttl: str = typer.Option(..., "--ttl", metavar="DURATION", help="Lifetime: 90s, 30m, 8h, 2d, 1h30m (1m to 30d)."),
     team: str | None = typer.Option(None, "--team", help="Team of stacks/Pulumi.ephemeral.yaml it is for."),
-    owner: str | None = typer.Option(None, "--owner", help="Who answers for it (default: your user name)."),
+    owner: str | None = typer.Option(None, "--owner", help="Who answers for it [default: your user name]."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check everything and print the stack config; create nothing."),
 ) -> None:
     """Create and deploy stack NAME from stacks/Pulumi.ephemeral.yaml, leased until now + TTL."""
+    if owner is not None and not owner.strip():
+        fail("--owner is empty: name who answers for the environment")
     try:
-        env = create_env(name, parse_ttl(ttl), owner or _user(), team, datetime.now(UTC), console.print)
-    except (TTLError, EnvError, ConfigError) as error:
+        lifetime = parse_ttl(ttl)
+    except DurationError as error:
+        fail(f"--ttl: {error}")
+    try:
+        if dry_run:
+            values = new_env_config(name, lifetime, owner or _user(), team, datetime.now(UTC))
+            typer.echo(yaml.safe_dump({"config": values}, sort_keys=False), nl=False)
+            console.print(f"dry run: stack {name} not created")
+            return
+        env = create_env(name, lifetime, owner or _user(), team, datetime.now(UTC), console.print)
+    except (EnvError, ConfigError) as error:
         fail(str(error))
     except auto.CommandError as error:
         fail(f"pulumi up of {name} failed: {_pulumi_reason(error)} (`gpuyard env destroy {name}` removes it)", code=1)
@@ -134,7 +184,8 @@ def create(
 
 
 @app.command("list")
-def list_() -> None:
+def list_(as_json: bool = typer.Option(False, "--json", help="Print [{stack, cluster, region, owner, team, "
+                                                              "expires_at}] as JSON.")) -> None:
     """The ephemeral stacks, their owners and expiry."""
     try:
         envs = list_envs()
@@ -142,6 +193,11 @@ def list_() -> None:
         fail(str(error))
     except auto.CommandError as error:
         fail(f"listing stacks failed: {_pulumi_reason(error)}", code=1)
+    if as_json:
+        typer.echo(json.dumps([{"stack": e.name, "cluster": e.cluster_name, "region": e.region,
+                                "owner": e.lease.owner, "team": e.lease.team,
+                                "expires_at": format_expiry(e.lease.expires_at)} for e in envs], indent=1))
+        return
     if not envs:
         console.print("no ephemeral environments")
         return
@@ -167,8 +223,25 @@ def _destroy(name: str) -> bool:
 
 
 @app.command()
-def destroy(name: str = typer.Argument(..., help="Environment (stack) name.")) -> None:
+def destroy(
+    name: str = typer.Argument(..., help="Environment (stack) name."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destroying."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the lease and the leftovers to delete; change nothing."),
+) -> None:
     """Drain NodePools, delete the cluster's leftovers, then pulumi destroy and stack rm."""
+    try:
+        _, env = leased_env(name)
+    except EnvError as error:
+        fail(str(error))
+    console.print(_lease_table([env], datetime.now(UTC), f"environment {name}"))
+    if dry_run:
+        _, plan = find_leftovers(env.cluster_name, env.region or None, force=True)  # a leased env, listing only
+        console.print(orphan_table(f"left in AWS by cluster {env.cluster_name} ({len(plan)}), deleted before "
+                                   "pulumi destroy", plan))
+        console.print("dry run: nothing destroyed")
+        return
+    if not yes and not _confirmed(f"Destroy environment {name} and everything in cluster {env.cluster_name}?"):
+        fail("not confirmed, nothing destroyed (pass --yes to skip the question)", code=1)
     try:
         done = _destroy(name)
     except EnvError as error:

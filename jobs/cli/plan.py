@@ -8,20 +8,28 @@ import typer
 
 from infra.config import ConfigError
 from jobs.cli.errors import fail
+from jobs.cli.options import Stack
 
 
 def plan_command(
-    stack: str = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to plan."),
-    as_json: bool = typer.Option(False, "--json", help="A JSON list of {type, name, parent, inputs}."),
+    stack: Stack = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to plan."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help='{"resources": [{type, name, parent, inputs}], "policies": {...}, "create": N}.'),
 ) -> None:
-    """Run the real Pulumi program with mocks: a tree by component with counts per type (no cloud, no CLI)."""
-    from infra.plan import format_tree, plan  # the Pulumi SDKs load only when planning
+    """Run the real Pulumi program with mocks and show it like `pulumi preview`: every resource by type and name,
+    the policy pack's verdicts, `+ N to create` (no cloud, no Pulumi CLI). Exit 1 on a policy violation."""
+    from infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
 
     try:
-        resources = plan(stack).resources
+        resources = plan(stack.value).resources
     except ConfigError as error:
         fail(str(error))
+    verdicts = policy_verdicts(resources)
     if as_json:
-        typer.echo(json.dumps([resource.to_json() for resource in resources], indent=1, sort_keys=True))
+        document = {"resources": [resource.to_json() for resource in resources], "policies": verdicts,
+                    "create": len(resources)}
+        typer.echo(json.dumps(document, indent=1, sort_keys=True))
     else:
-        typer.echo(format_tree(stack, resources))
+        typer.echo(format_preview(stack.value, resources, verdicts))
+    if any(verdicts.values()):
+        raise typer.Exit(1)

@@ -107,12 +107,17 @@ def _config_value(value: Any) -> auto.ConfigValue:
     return auto.ConfigValue(value=value if isinstance(value, str) else json.dumps(value))
 
 
-def create_env(name: str, ttl: timedelta, owner: str, team: str | None, now: datetime, out: Output) -> EnvStack:
-    """Validate everything, then create the stack, set its config and ``up`` it."""
+def new_env_config(name: str, ttl: timedelta, owner: str, team: str | None, now: datetime) -> dict[str, Any]:
+    """Everything ``create_env`` checks before it changes anything; the config it would set."""
     check_name(name)
     if stack_file(name).exists():
         raise EnvError(f"stack {name!r} already exists ({stack_file(name)})")
-    values = env_config(name, _template(), owner, team, now + ttl)
+    return env_config(name, _template(), owner, team, now + ttl)
+
+
+def create_env(name: str, ttl: timedelta, owner: str, team: str | None, now: datetime, out: Output) -> EnvStack:
+    """Validate everything, then create the stack, set its config and ``up`` it."""
+    values = new_env_config(name, ttl, owner, team, now)
     workspace = _workspace()
     try:
         stack = auto.Stack.create(name, workspace)
@@ -150,8 +155,8 @@ class CleanupIncomplete(RuntimeError):
         self.report = report
 
 
-def destroy_env(name: str, out: Output) -> None:
-    """Drain NodePools, delete the cluster's leftovers, ``pulumi destroy``, ``stack rm``."""
+def leased_env(name: str) -> tuple[auto.Stack, EnvStack]:
+    """The stack of environment ``name`` and its lease; EnvError unless it exists and is leased."""
     check_name(name)
     workspace = _workspace()
     try:
@@ -161,6 +166,13 @@ def destroy_env(name: str, out: Output) -> None:
     env = env_from_config(name, {key: value.value for key, value in stack.get_all_config().items()})
     if env.lease is None:
         raise EnvError(f"stack {name!r} has no {LEASE_KEY}: not an ephemeral environment, refusing to destroy it")
+    return stack, env
+
+
+def destroy_env(name: str, out: Output) -> None:
+    """Drain NodePools, delete the cluster's leftovers, ``pulumi destroy``, ``stack rm``."""
+    stack, env = leased_env(name)
+    workspace = stack.workspace
     out(f"[1/4] {name}: draining NodePools")
     drain_node_pools(stack, out)
     out(f"[2/4] {name}: deleting what Kubernetes and Karpenter left for cluster {env.cluster_name}")

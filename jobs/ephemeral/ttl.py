@@ -1,30 +1,18 @@
-"""Lease arithmetic: ``8h``-style TTLs, ISO-8601 UTC expiry stamps, time left."""
+"""Lease arithmetic: TTLs (``jobs.duration`` forms), ISO-8601 UTC expiry stamps, time left."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
+from jobs.duration import parse_duration
+
+MIN_TTL = timedelta(minutes=1)
 MAX_TTL = timedelta(days=30)
-_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_PART = re.compile(r"(\d+)([mhdw])")
-_TTL = re.compile(r"(?:\d+[mhdw])+")
-ACCEPTED = "a positive duration like 30m, 8h, 2d, 1w or 1h30m (units m, h, d, w; at most 30d)"
-
-
-class TTLError(ValueError):
-    """A TTL that cannot be used, phrased as one line."""
 
 
 def parse_ttl(text: str) -> timedelta:
-    """``"1h30m"`` -> 90 minutes; anything else names the accepted forms."""
-    compact = text.strip().lower()
-    if not _TTL.fullmatch(compact):
-        raise TTLError(f"bad TTL {text!r}: expected {ACCEPTED}")
-    ttl = timedelta(seconds=sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(compact)))
-    if not timedelta(0) < ttl <= MAX_TTL:
-        raise TTLError(f"bad TTL {text!r}: expected {ACCEPTED}")
-    return ttl
+    """A lease's lifetime: ``"1h30m"`` -> 90 minutes, between a minute and 30 days."""
+    return parse_duration(text, MIN_TTL, MAX_TTL)
 
 
 def format_expiry(moment: datetime) -> str:

@@ -2,11 +2,13 @@
 
 ``render(spec, team)`` returns the manifest as a dict, ``to_yaml`` its bytes-stable text,
 ``render_all(config, out_dir)`` writes every kind the stack runs for every team (default sizes)
-and ``write_manifests`` puts files in place only once all of them rendered.
+and ``write_manifests`` puts all files in place or none.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from infra.config import StackConfig, Team
+from jobs.processes import signals_deferred
 from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
 from jobs.placement import place, stack_pools
 from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
@@ -44,8 +47,9 @@ def to_yaml(manifest: dict) -> str:
 
 
 def manifest_path(spec: JobSpec) -> Path:
-    """Where a job's manifest goes inside an output folder: ``<team>/<name>.yaml``."""
-    return Path(spec.team) / f"{spec.name}.yaml"
+    """Where a job's manifest goes inside an output folder: ``<name>.yaml``, one flat folder, so
+    ``kubectl apply -f DIR`` takes it without ``-R`` (default names start with the team)."""
+    return Path(f"{spec.name}.yaml")
 
 
 def default_specs(config: StackConfig) -> list[JobSpec]:
@@ -54,32 +58,62 @@ def default_specs(config: StackConfig) -> list[JobSpec]:
     return [place(config, build_spec(config, team, kind), pools) for team in config.teams for kind in stack_kinds(config)]
 
 
-def write_manifests(rendered: dict[Path, dict], out_dir: Path) -> list[Path]:
-    """Write ``{relative path: manifest}`` under ``out_dir`` all at once.
+def write_manifests(rendered: dict[Path, dict], out_dir: Path, header: str = "") -> list[Path]:
+    """Write ``{file name: manifest}`` into ``out_dir``, each file starting with ``header``: all or nothing.
 
-    Files are written to a temporary folder next to ``out_dir`` and moved into place
-    only after every one was written, so a failure leaves ``out_dir`` as it was.
+    Files are written to a temporary folder beside ``out_dir`` first. A new ``out_dir`` is that folder
+    renamed; into an existing one each file is renamed in place, and a failure puts back what was
+    there. SIGINT/SIGTERM wait until the files are in place.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as staging:
-        for relative, manifest in rendered.items():
-            path = Path(staging) / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(to_yaml(manifest))
-        written = []
-        for relative in rendered:
-            target = out_dir / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(Path(staging) / relative, target)
-            written.append(target)
-    return written
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        for name, manifest in rendered.items():
+            (staging / name).write_text(header + to_yaml(manifest))
+        with signals_deferred():
+            if out_dir.exists():
+                _replace_files(staging, list(rendered), out_dir)
+            else:
+                os.rename(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out_dir / name for name in rendered]
+
+
+def _replace_files(staging: Path, names: list[Path], out_dir: Path) -> None:
+    previous = staging / ".previous"
+    previous.mkdir()
+    moved: list[tuple[Path, Path | None]] = []
+    try:
+        for name in names:
+            target = out_dir / name
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+            saved = previous / name if target.exists() else None
+            if saved:
+                os.replace(target, saved)
+            moved.append((target, saved))
+            os.replace(staging / name, target)
+    except OSError:
+        for target, saved in reversed(moved):
+            if saved:
+                os.replace(saved, target)
+            else:
+                target.unlink(missing_ok=True)
+        raise
 
 
 def render_specs(config: StackConfig, specs: list[JobSpec]) -> dict[Path, dict]:
-    """``{manifest_path(spec): manifest}`` for specs of ``config``'s teams."""
-    return {manifest_path(spec): render(spec, config.team(spec.team)) for spec in specs}
+    """``{manifest_path(spec): manifest}`` for specs of ``config``'s teams; two specs never share a file."""
+    rendered: dict[Path, dict] = {}
+    for spec in specs:
+        path = manifest_path(spec)
+        if path in rendered:
+            raise ValueError(f"two jobs named {spec.name!r} would both be written to {path}")
+        rendered[path] = render(spec, config.team(spec.team))
+    return rendered
 
 
-def render_all(config: StackConfig, out_dir: Path) -> list[Path]:
+def render_all(config: StackConfig, out_dir: Path, header: str = "") -> list[Path]:
     """Render every kind for every team of ``config`` into ``out_dir``; returns the files written."""
-    return write_manifests(render_specs(config, default_specs(config)), out_dir)
+    return write_manifests(render_specs(config, default_specs(config)), out_dir, header)

@@ -1,0 +1,127 @@
+"""Child processes that never outlive the command, and signals that end it cleanly.
+
+Children start in their own session, so a terminal's Ctrl-C reaches only the CLI, which then stops
+each child's whole tree (torchrun's workers run in sessions of their own, hence the /proc walk).
+SIGTERM is turned into the same KeyboardInterrupt as Ctrl-C, so ``finally`` blocks and context
+managers run either way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_SECONDS = 10.0
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM act like a terminal's Ctrl-C: SIGINT to the children in our process group (pulumi, kubectl;
+    children in their own session are stopped by ``stop_tree``), KeyboardInterrupt here."""
+    signal.signal(signal.SIGTERM, _as_ctrl_c)
+
+
+def _as_ctrl_c(_signum: int, _frame) -> None:
+    group = os.getpgrp()
+    for pid in descendants(os.getpid()):
+        try:
+            if os.getpgid(pid) == group:
+                os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM until the block is done (then deliver the first), so it is never cut in half."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _frame: received.append(number)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, children first."""
+    parents = _parents()
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    try:  # a zombie has ended; only its parent's wait is missing
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_tree(process: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM ``process`` and everything below it; SIGKILL what is left after ``grace`` seconds.
+
+    Runs with signals deferred, so a second Ctrl-C cannot leave the tree half-stopped.
+    """
+    with signals_deferred():
+        if process.poll() is not None and not descendants(process.pid):
+            return
+        tree = [process.pid, *descendants(process.pid)]
+        _signal_all(tree, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            process.poll()
+            tree = [pid for pid in tree if alive(pid)] + [pid for pid in descendants(process.pid) if pid not in tree]
+            if not tree:
+                break
+            time.sleep(0.05)
+        _signal_all(tree, signal.SIGKILL)
+        process.wait()
+
+
+def run_child(command: list[str]) -> int:
+    """Run ``command`` in its own session with inherited stdout/stderr; stopped with its tree on any exception."""
+    process = subprocess.Popen(command, start_new_session=True)
+    try:
+        return process.wait()
+    finally:
+        stop_tree(process)
