@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -31,9 +33,35 @@ def build_model(name: str, seed: int) -> nn.Module:
     raise ValueError(f"unknown model {name!r}")
 
 
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can start an epoch part-way: at batch ``start_batch`` of ``batch_size``.
+
+    The order of an epoch depends only on the seed and the epoch, so skipping the indices of the
+    batches already trained gives exactly the batches an uninterrupted run would train next.
+    """
+
+    def __init__(self, dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int):
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.batch_size, self.start_batch = batch_size, 0
+
+    def set_position(self, epoch: int, start_batch: int = 0) -> None:
+        self.set_epoch(epoch)
+        self.start_batch = start_batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start_batch * self.batch_size, None)
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start_batch * self.batch_size)
+
+
 def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
-    """Each rank reads its own shard; call ``loader.sampler.set_epoch(epoch)`` every epoch."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    """Each rank reads its own shard; call ``loader.sampler.set_position(epoch, start_batch)`` every epoch."""
+    sampler = ResumableSampler(dataset, batch_size, rank, world_size, seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
 
 

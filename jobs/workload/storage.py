@@ -78,7 +78,7 @@ class LocalStorage:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(path.name for path in self.root.iterdir() if not path.name.startswith("."))
+        return sorted(path.name for path in self.root.iterdir() if not path.name.startswith(".") and path.is_file())
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
