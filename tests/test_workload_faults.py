@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import time
 from functools import cache
 
 import boto3
@@ -14,8 +12,8 @@ from jobs.workload.args import TrainArgs
 from jobs.workload.checkpoint import Checkpointer, data_name, manifest_name
 from jobs.workload.storage import LocalStorage, S3Storage
 from jobs.workload.train import identity
-from workload_launch import (REPO, FaultyProxy, children, done_event, environ_of, events, python_cmd, run,
-                             torchrun_cmd, trained)
+from workload_launch import (FaultyProxy, children, done_event, environ_of, events, finished, python_cmd, run,
+                             start, torchrun_cmd, trained, wait_for)
 
 pytestmark = pytest.mark.slow
 SHORT = TrainArgs(total_epochs=4, save_every=1, batch_size=32, seed=11, lease_seconds=2)
@@ -25,27 +23,6 @@ STEPS = 2048 // 32  # per epoch at world size 1
 @cache
 def uninterrupted(args: TrainArgs, launcher=python_cmd) -> dict:
     return trained(done_event(run(launcher(args))))
-
-
-def _start(cmd: list[str], out, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
-
-
-def _wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def _finished(process: subprocess.Popen, out) -> subprocess.CompletedProcess:
-    try:
-        process.wait(timeout=180)
-    finally:
-        if process.poll() is None:  # hung: take the launcher and its workers down with it
-            os.killpg(process.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
 
 
 def _latest(storage, args: TrainArgs, world_size: int = 1, **kwargs):
@@ -67,11 +44,11 @@ def test_sigkill_a_worker_after_the_first_checkpoint_restarts_to_bitwise_identic
     args = TrainArgs(total_epochs=10, save_every=2, batch_size=32, dataset_size=4096, seed=5, lease_seconds=2,
                      checkpoint_uri=str(tmp_path / "ckpt"))
     out = tmp_path / "out"
-    job = _start(torchrun_cmd(args, max_restarts=3), out)
-    _wait_for(lambda: (tmp_path / "ckpt" / manifest_name(128)).exists(), what="the first checkpoint")
+    job = start(torchrun_cmd(args, max_restarts=3), out)
+    wait_for(lambda: (tmp_path / "ckpt" / manifest_name(128)).exists(), what="the first checkpoint")
     rank_1 = next(pid for pid in children(job.pid) if environ_of(pid).get("RANK") == "1")
     os.kill(rank_1, signal.SIGKILL)
-    result = _finished(job, out)
+    result = finished(job, out)
     resumed = [e["epoch"] for e in events(result.stdout) if e["event"] == "resume"]
     assert resumed and resumed[0] >= 2, result.stdout
     reference = args.model_copy(update={"checkpoint_uri": str(tmp_path / "reference")})
@@ -83,7 +60,7 @@ def test_sigkill_rank_0_between_data_and_manifest_leaves_the_previous_checkpoint
     env = _moto_through(proxy, local_aws)
     args = SHORT.model_copy(update={"checkpoint_uri": "s3://ckpt/run"})
     proxy.hold(f"PUT /ckpt/run/{manifest_name(2 * STEPS)}".encode())
-    trainer = _start(python_cmd(args), tmp_path / "out", env)
+    trainer = start(python_cmd(args), tmp_path / "out", env)
     assert proxy.held.wait(timeout=90), (tmp_path / "out").read_text()
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(timeout=30)
@@ -103,14 +80,15 @@ def test_sigkill_rank_0_between_data_and_manifest_leaves_the_previous_checkpoint
 def test_s3_outage_during_training_saves_retry_training_goes_on(tmp_path, local_aws):
     proxy = FaultyProxy(local_aws.port)
     env = _moto_through(proxy, local_aws)
-    args = TrainArgs(total_epochs=60, save_every=1, batch_size=32, seed=2, checkpoint_uri="s3://ckpt/run", lease_seconds=2)
+    args = TrainArgs(total_epochs=60, save_every=1, batch_size=32, seed=2, checkpoint_uri="s3://ckpt/run",
+                     lease_seconds=2)
     out = tmp_path / "out"
-    trainer = _start(python_cmd(args), out, env)
-    _wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="the first checkpoint")
+    trainer = start(python_cmd(args), out, env)
+    wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="the first checkpoint")
     proxy.down()  # until a save has used up its retries, however slow the machine
-    _wait_for(lambda: '"event": "checkpoint_failed"' in out.read_text(), what="a save to give up")
+    wait_for(lambda: '"event": "checkpoint_failed"' in out.read_text(), what="a save to give up")
     proxy.up()
-    result = _finished(trainer, out)
+    result = finished(trainer, out)
     proxy.close()
 
     assert trained(done_event(result)) == uninterrupted(args.model_copy(update={"checkpoint_uri": None}))

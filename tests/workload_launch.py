@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from jobs.local_aws import free_port
@@ -44,6 +46,29 @@ def ray_cmd(args: TrainArgs, workers: int = 2) -> list[str]:
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def start(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A launcher in its own session, stdout and stderr to ``out``."""
+    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def finished(process: subprocess.Popen, out: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Wait for a launcher started by ``start``; a hung one is killed with its whole session."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
 
 
 def events(stdout: str) -> list[dict]:

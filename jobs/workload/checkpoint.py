@@ -75,7 +75,8 @@ def identity_mismatch(uri: str, theirs: Any, ours: dict[str, Any]) -> str | None
                  for key, flag in IDENTITY_FLAGS.items() if theirs.get(key) != ours[key]]
     if not differing:
         return None
-    return f"{uri} was written by another run ({'; '.join(differing)}): resume with the same values or use another --checkpoint-uri"
+    return (f"{uri} was written by another run ({'; '.join(differing)}): "
+            "resume with the same values or use another --checkpoint-uri")
 
 
 class Checkpointer:

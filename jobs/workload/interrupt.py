@@ -82,13 +82,13 @@ class StepAgreement:
 
 @dataclass(frozen=True)
 class GraceBudget:
-    """How long a stop save may take: the grace period less a margin for agreeing and exiting."""
+    """How long a stop save may take: the grace period less a margin for agreeing, releasing the lease and exiting."""
 
     grace_period: float
 
     @property
     def seconds(self) -> float:
-        return self.grace_period - max(1.0, 0.1 * self.grace_period)
+        return max(0.0, self.grace_period - max(2.0, 0.1 * self.grace_period))
 
     def remaining(self, request: StopRequest) -> float:
         started = request.requested_at if request.requested_at is not None else time.monotonic()

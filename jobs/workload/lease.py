@@ -18,6 +18,7 @@ import uuid
 from jobs.workload.storage import MissingObject, Storage, StorageError
 
 LEASE = "lease.json"
+RELEASE_SECONDS = 0.5  # normally two small requests; a slow store lets the lease expire instead
 
 
 class LeaseHeld(StorageError):
@@ -63,10 +64,16 @@ class Lease:
             self.lost, self.lost_message = True, self._held_message(current)
             raise LeaseHeld(self.lost_message)
 
-    def release(self) -> None:
+    def release(self, timeout: float = RELEASE_SECONDS) -> None:
+        """Delete our lease, giving up after ``timeout`` (storage down): a stopping run must exit in its grace."""
         self._stopped.set()
+        releaser = threading.Thread(target=self._delete_own, args=(time.monotonic() + timeout,), daemon=True)
+        releaser.start()
+        releaser.join(timeout)
+
+    def _delete_own(self, deadline: float) -> None:
         if self._thread:
-            self._thread.join()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         try:
             current = self._read()
             if current and current["owner"] == self.owner:
@@ -87,7 +94,8 @@ class Lease:
     def _read(self) -> dict | None:
         try:
             lease = json.loads(self.storage.get(LEASE))
-            return {"owner": str(lease["owner"]), "beats": int(lease["beats"]), "expires_at": float(lease["expires_at"])}
+            return {"owner": str(lease["owner"]), "beats": int(lease["beats"]),
+                    "expires_at": float(lease["expires_at"])}
         except MissingObject:
             return None
         except (ValueError, KeyError, TypeError):

@@ -4,8 +4,8 @@
 
 Ray Train starts the gloo/nccl process group and sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in each
 worker, so the workers run ``train.run`` unchanged. Worker output stays in Ray's logs; rank 0 hands
-its last event (``done`` or ``stopped``) and exit status to the driver through a Ray queue; the driver
-prints it and exits with that status. SIGTERM to the driver sets a flag in a Ray actor that every
+its events (JSON lines, ending with ``done`` or ``stopped``) and exit status to the driver through a Ray
+queue at the end; the driver prints them and exits with that status. SIGTERM to the driver sets a flag in a Ray actor that every
 worker polls on a thread, so the workers stop at one agreed step as under torchrun. Starts a local Ray
 instance unless ``RAY_ADDRESS`` names a cluster (as in a RayJob).
 """
@@ -13,7 +13,7 @@ instance unless ``RAY_ADDRESS`` names a cluster (as in a RayJob).
 from __future__ import annotations
 
 import argparse
-import json
+import io
 import os
 import signal
 import sys
@@ -25,7 +25,8 @@ import torch
 
 from jobs.workload import dist, train
 from jobs.workload.args import parse_args
-from jobs.workload.interrupt import StopRequest
+from jobs.workload.interrupt import EXIT_RETRYABLE, StopRequest
+from jobs.workload.progress import Reporter
 from jobs.workload.storage import open_storage
 
 
@@ -59,12 +60,14 @@ def _train_loop(config: dict[str, Any]) -> None:
     stop, finished = StopRequest(), threading.Event()
     stop.install()
     threading.Thread(target=_poll, args=(config["stop"], stop, finished), name="stop-poll", daemon=True).start()
+    lines = io.StringIO()
     try:
-        outcome = train.run(args, env, open_storage(args.checkpoint_uri) if args.checkpoint_uri else None, stop)
+        outcome = train.run(args, env, open_storage(args.checkpoint_uri) if args.checkpoint_uri else None, stop,
+                            Reporter(enabled=env.is_main, stream=lines))
     finally:
         finished.set()
     if env.is_main:
-        config["done"].put({"event": outcome.event, "exit_code": outcome.exit_code})
+        config["done"].put({"lines": lines.getvalue(), "exit_code": outcome.exit_code})
 
 
 def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -81,7 +84,7 @@ def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> None:
     launcher, trainer_argv = _launcher_args(argv)
-    train.check_inputs(trainer_argv)
+    train.check_inputs(trainer_argv, world_size=launcher.num_workers)
 
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -102,8 +105,11 @@ def main(argv: list[str]) -> None:
             run_config=RunConfig(name="gpuyard-train", storage_path=results),
         ).fit()
     outcome = done.get(timeout=30)
-    sys.stdout.write(json.dumps(outcome["event"]) + "\n")
+    sys.stdout.write(outcome["lines"])
     ray.shutdown()
+    if outcome["exit_code"] == EXIT_RETRYABLE:
+        sys.stdout.flush()
+        os._exit(EXIT_RETRYABLE)  # as train.main: no seconds of interpreter teardown inside a grace period
     if outcome["exit_code"]:
         raise SystemExit(outcome["exit_code"])
 

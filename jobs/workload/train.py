@@ -14,6 +14,7 @@ Rank 0 ends with one JSON line: ``{"event": "done", ..., "weights_sha256": "..."
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -285,9 +286,10 @@ def _take_lease(lease: Lease | None, env: dist.DistEnv, device: torch.device) ->
     return reason or ("rank 0 could not take the checkpoint lease" if failed.item() else None)
 
 
-def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopRequest | None = None) -> Outcome:
-    """Train inside a joined process group; returns this rank's outcome, rank 0 prints its event."""
-    telemetry = Telemetry(Reporter(enabled=env.is_main), TrainMetrics())
+def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopRequest | None = None,
+        reporter: Reporter | None = None) -> Outcome:
+    """Train inside a joined process group; returns this rank's outcome, rank 0 reports every event."""
+    telemetry = Telemetry(reporter or Reporter(enabled=env.is_main), TrainMetrics())
     if env.is_main and args.metrics_port is not None:
         telemetry.metrics.serve(args.metrics_port)
     lease = Lease(storage, args.lease_seconds) if storage and env.is_main else None
@@ -305,14 +307,17 @@ def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopR
     return outcome
 
 
-def check_inputs(argv: list[str]) -> tuple[TrainArgs, dist.DistEnv, Storage | None]:
-    """Arguments, launcher environment, storage and checkpoint identity; anything wrong is one line and exit 2."""
+def check_inputs(argv: list[str], world_size: int | None = None) -> tuple[TrainArgs, dist.DistEnv, Storage | None]:
+    """Arguments, launcher environment, storage and checkpoint identity; anything wrong is one line and exit 2.
+
+    ``world_size`` is the job's when this process is not one of its ranks (the Ray driver).
+    """
     args = exit_on_bad_args(argv)
     try:
         env = dist.launcher_env()
         storage = open_checked_storage(args.checkpoint_uri)
         if storage:
-            Checkpointer(storage, identity(args, env.world_size)).newest_manifest()
+            Checkpointer(storage, identity(args, world_size or env.world_size)).newest_manifest()
     except (dist.LaunchError, StorageError, IdentityMismatch) as error:
         sys.stderr.write(f"train: error: {error}\n")
         raise SystemExit(2) from None
@@ -326,9 +331,15 @@ def main(argv: list[str]) -> None:
     dist.init_process_group(env)
     try:
         outcome = run(args, env, storage, stop)
-        exit_code = dist.agree_exit_code(outcome.exit_code, dist.device(env))  # also a barrier: under mpirun rank 0 hosts the store
+        # also a barrier: under mpirun rank 0 hosts the store, so nobody may leave early
+        exit_code = dist.agree_exit_code(outcome.exit_code, dist.device(env))
     finally:
         dist.destroy_process_group()
+    if exit_code == EXIT_RETRYABLE:
+        # stopping within a grace period: the interpreter's teardown of torch alone takes seconds on a busy node
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     if exit_code:
         raise SystemExit(exit_code)
 
