@@ -1,14 +1,15 @@
 """Interruption: SIGTERM-to-exit time, checkpoint save throughput, per-step agreement overhead; prints JSON.
 
-    python bench/bench_interrupt.py [--skip-1gb]
+    python bench/bench_interrupt.py [--skip-1gb] [--only sigterm_to_exit|save_throughput|agreement]
 
 1. SIGTERM to torchrun (2 workers, mlp, checkpoints to a local moto S3) at a random step after the
    first checkpoint: seconds from the signal to torchrun's exit, median and max, against the grace period.
 2. One synchronous save (Checkpointer: data, manifest, prune) of 2 MB, 64 MB and 1 GB states against a
    plain boto3 PUT of the same bytes (``put_object``, or ``upload_fileobj`` above the multipart threshold)
    to the same endpoint, in MB/s; 1 GB only if the machine has the memory for it.
-3. samples/s of the bare DDP loop against the same loop plus the per-step stop agreement (one
-   all-reduce of three int32 flags) and against our Trainer, under torchrun with 2 workers.
+3. samples/s of the bare DDP loop against the same loop plus the stop agreement (one all-reduce of three
+   int32 flags every step, and every AGREE_EVERY_STEPS steps as the trainer does) and against our Trainer,
+   under torchrun with 2 workers.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from jobs.workload import dist
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
 from jobs.workload.checkpoint import Checkpointer, serialize
 from jobs.workload.data import build_model, synthetic_dataset
-from jobs.workload.interrupt import StepAgreement, StopRequest
+from jobs.workload.interrupt import AGREE_EVERY_STEPS, StepAgreement, StopRequest
 from jobs.workload.metrics import TrainMetrics
 from jobs.workload.progress import Reporter
 from jobs.workload.storage import MULTIPART_THRESHOLD, S3Storage
@@ -120,14 +121,14 @@ def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-def loop_seconds(args: TrainArgs, env: dist.DistEnv, agreement: bool) -> float:
-    """The bare DDP loop of every tutorial, with or without the per-step stop agreement."""
+def loop_seconds(args: TrainArgs, env: dist.DistEnv, agree_every: int | None) -> float:
+    """The bare DDP loop of every tutorial, with or without the stop agreement every ``agree_every`` steps."""
     dataset = synthetic_dataset(args.dataset_size, args.seed)
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = DDP(build_model(args.model, args.seed))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    agree = StepAgreement(StopRequest(), env.world_size, torch.device("cpu")) if agreement else None
+    agree = StepAgreement(StopRequest(), env.world_size, torch.device("cpu"), agree_every) if agree_every else None
     torch.distributed.barrier()
     started = time.perf_counter()
     for epoch in range(args.total_epochs):
@@ -152,8 +153,10 @@ def trainer_seconds(args: TrainArgs, env: dist.DistEnv) -> float:
     return time.perf_counter() - started
 
 
-MODES = {"bare": lambda env: loop_seconds(LOOP, env, agreement=False),
-         "bare_with_agreement": lambda env: loop_seconds(LOOP, env, agreement=True),
+MODES = {"bare": lambda env: loop_seconds(LOOP, env, agree_every=None),
+         "agreement_every_step": lambda env: loop_seconds(LOOP, env, agree_every=1),
+         f"agreement_every_{AGREE_EVERY_STEPS}_steps":
+             lambda env: loop_seconds(LOOP, env, agree_every=AGREE_EVERY_STEPS),
          "trainer": lambda env: trainer_seconds(LOOP, env)}
 
 
@@ -179,8 +182,8 @@ def agreement_overhead() -> dict:
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     rates = json.loads(result.stdout.strip().splitlines()[-1])
     return {"samples_per_s": rates, "best_of": LOOP_REPEATS,
-            "overhead_agreement_pct": round(100 * (1 - rates["bare_with_agreement"] / rates["bare"]), 2),
-            "overhead_trainer_pct": round(100 * (1 - rates["trainer"] / rates["bare"]), 2)}
+            "overhead_pct": {mode: round(100 * (1 - rate / rates["bare"]), 2) for mode, rate in rates.items()
+                             if mode != "bare"}}
 
 
 def _memory_allows_1gb() -> bool:
@@ -189,7 +192,7 @@ def _memory_allows_1gb() -> bool:
     return int(available.split()[1]) * 1024 > 6 * 2**30
 
 
-def main(skip_1gb: bool) -> None:
+def main(skip_1gb: bool, only: str | None) -> None:
     sizes = dict(SIZES)
     skipped = None
     if skip_1gb or not _memory_allows_1gb():
@@ -200,12 +203,11 @@ def main(skip_1gb: bool) -> None:
         import boto3
 
         boto3.client("s3").create_bucket(Bucket=BUCKET)
+        parts = {"sigterm_to_exit": lambda: sigterm_to_exit(aws), "save_throughput": lambda: save_throughput(sizes),
+                 "agreement": agreement_overhead}
         report = {"setup": {"cpus": os.cpu_count(), "launcher": "torchrun", "world_size": 2, "backend": "gloo",
-                            "storage": "moto_server on 127.0.0.1"},
-                  "sigterm_to_exit": sigterm_to_exit(aws),
-                  "save_throughput": save_throughput(sizes),
-                  "save_1gb_skipped": skipped,
-                  "agreement": agreement_overhead()}
+                            "storage": "moto_server on 127.0.0.1", "save_1gb_skipped": skipped}}
+        report |= {name: part() for name, part in parts.items() if only in (None, name)}
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
 
 
@@ -213,4 +215,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--worker"]:
         worker()
     else:
-        main(skip_1gb="--skip-1gb" in sys.argv[1:])
+        options = sys.argv[1:]
+        only = options[options.index("--only") + 1] if "--only" in options else None
+        main(skip_1gb="--skip-1gb" in options, only=only)

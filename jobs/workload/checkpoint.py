@@ -117,7 +117,7 @@ class Checkpointer:
             self._names = None
             self.emit({"event": "checkpoint_failed", "step": step, "error": str(error)})
             return False
-        self.emit({"event": "checkpoint", "step": step, "uri": self.uri(step), "bytes": len(payload),
+        self.emit({"event": "checkpoint", "step": step, **details, "uri": self.uri(step), "bytes": len(payload),
                    "seconds": round(time.perf_counter() - started, 4)})
         try:
             self._prune()
