@@ -120,8 +120,8 @@ def checkpoint_io(state: dict, prefix: str) -> dict[str, float]:
     import boto3
 
     payload = serialize(state)
-    checkpointer = Checkpointer(S3Storage(BUCKET, prefix))
-    saver = BackgroundSaver(Checkpointer(S3Storage(BUCKET, f"{prefix}-background")))
+    checkpointer = Checkpointer(S3Storage(BUCKET, prefix), {"bench": prefix})
+    saver = BackgroundSaver(Checkpointer(S3Storage(BUCKET, f"{prefix}-background"), {"bench": prefix}))
     s3 = boto3.client("s3")
     timings: dict[str, list[float]] = {"save": [], "restore": [], "upload_file": [], "download_file": [],
                                        "training_blocked": []}
@@ -135,7 +135,6 @@ def checkpoint_io(state: dict, prefix: str) -> dict[str, float]:
             timings["download_file"].append(_timed(lambda: s3.download_file(BUCKET, f"plain-{prefix}", str(target))))
             timings["training_blocked"].append(_timed(lambda: saver.submit(epoch, state)))
             saver.wait()
-    saver.close()
     io = {name: statistics.median(values) for name, values in timings.items()}
     return {"bytes": len(payload), **{f"{name}_s": round(value, 4) for name, value in io.items()},
             "ratio_save": round(io["upload_file"] / io["save"], 3),

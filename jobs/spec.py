@@ -65,6 +65,11 @@ DEFAULT_GPUS_PER_NODE = 1
 DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 2
 DEFAULT_TTL_SECONDS = 3600
+# terminationGracePeriodSeconds, and the trainer's --grace-period, per capacity type: a spot instance
+# gets two minutes' notice (EC2 spot interruption notice; Karpenter drains on it), less a margin for
+# the drain to reach the pod; an on-demand node is drained for consolidation or replacement, without
+# a hard deadline, so a large checkpoint gets longer.
+GRACE_PERIOD_SECONDS: dict[str, int] = {"spot": 90, "on-demand": 300}
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
@@ -188,9 +193,11 @@ def checkpoint_uri(config: StackConfig, team: Team, name: str) -> str:
     return f"s3://{config.checkpoint_bucket}/{team.checkpoint_prefix}/{name}"
 
 
-def trainer_args(checkpoint: str, epochs: int = DEFAULT_EPOCHS, save_every: int = DEFAULT_SAVE_EVERY) -> TrainArgs:
-    """The reference trainer's arguments in a template: checkpoints to S3, metrics on rank 0."""
-    return TrainArgs(total_epochs=epochs, save_every=save_every, checkpoint_uri=checkpoint, metrics_port=METRICS_PORT)
+def trainer_args(checkpoint: str, epochs: int = DEFAULT_EPOCHS, save_every: int = DEFAULT_SAVE_EVERY,
+                 grace_period: int = GRACE_PERIOD_SECONDS["on-demand"]) -> TrainArgs:
+    """The reference trainer's arguments in a template: checkpoints to S3, metrics on rank 0, the pod's grace."""
+    return TrainArgs(total_epochs=epochs, save_every=save_every, checkpoint_uri=checkpoint, metrics_port=METRICS_PORT,
+                     grace_period=grace_period)
 
 
 def build_spec(
@@ -213,7 +220,7 @@ def build_spec(
         raise SpecError(f"stack {config.stack!r} does not install Kubeflow Trainer v2 (gpuyard:addons.trainer_v2)")
     name = name or f"{team.name}-{kind}"
     ckpt = fields.pop("checkpoint_uri", None) or checkpoint_uri(config, team, name)
-    args = tuple(trainer_args(ckpt, epochs).to_argv())
+    args = tuple(trainer_args(ckpt, epochs, grace_period=GRACE_PERIOD_SECONDS[capacity_type]).to_argv())
     module = TRAIN_MODULE
     if kind == "rayjob":
         module = RAY_MODULE

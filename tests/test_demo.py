@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from jobs.workload.checkpoint import manifest_name
 from workload_launch import REPO
 
 pytestmark = pytest.mark.slow
@@ -21,11 +22,11 @@ def test_demo_trains_under_torchrun_checkpoints_to_local_s3_and_summarises(tmp_p
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for epoch in (5, 10, 15, 20):
-        assert f"epoch {epoch:>3} -> s3://gpuyard-demo/runs/ddp/ckpt-{epoch:06d}.pt" in out
+        assert f"epoch {epoch:>3} -> s3://gpuyard-demo/runs/ddp/{manifest_name(64 * epoch)}" in out
     assert re.search(r"epochs\s+│ 20 \(1280 optimizer steps\)", out)
     assert re.search(r"samples/s\s+│ [\d,]+ \(all ranks\)", out)
     assert re.search(r"checkpoints written\s+│ 4 \(every 5 epochs, 0 problems\)", out)
-    assert "ckpt-000010, ckpt-000015, ckpt-000020" in out
+    assert "ckpt-000000640, ckpt-000000960, ckpt-000001280" in out
     assert re.search(r"weights sha256\s+│ [0-9a-f]{64}", out)
     port = int(re.search(r"http://127\.0\.0\.1:(\d+) \(moto, now stopped\)", out).group(1))
     with pytest.raises(ConnectionRefusedError):

@@ -253,6 +253,16 @@ def test_capacity_type_picks_the_node_pool(capacity, pool):
     assert pod["spec"]["nodeSelector"] == {LABEL_NODEPOOL: pool, LABEL_CAPACITY_TYPE: capacity}
 
 
+@pytest.mark.parametrize(("capacity", "grace"), [("on-demand", 300), ("spot", 90)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_grace_period_follows_the_capacity_type_in_the_pods_and_the_trainer(kind, capacity, grace):
+    manifest = rendered(kind, capacity_type=capacity)
+    argv = trainer_argv(manifest)
+    assert parse_args(argv[:-3] if kind == "rayjob" else argv).grace_period == grace
+    if kind != "trainjob":  # a TrainJob's pods come from its ClusterTrainingRuntime
+        assert {pod["spec"]["terminationGracePeriodSeconds"] for _, _, pod in pod_templates(manifest)} == {grace}
+
+
 def test_explicit_node_pool_wins():
     _, pod = trainer_templates(rendered(node_pool="p5-reserved"))[0]
     assert pod["spec"]["nodeSelector"][LABEL_NODEPOOL] == "p5-reserved"

@@ -15,6 +15,7 @@ import pytest
 from infra.conventions import METRICS_PORT
 from jobs.local_aws import free_port
 from jobs.render import render
+from jobs.workload.checkpoint import data_name
 from render_helpers import STACK, make_spec
 
 
@@ -31,7 +32,7 @@ def test_rendered_pytorchjob_command_trains_and_checkpoints(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert events[-1]["event"] == "done" and events[-1]["epochs"] == 2
-    assert sorted(path.name for path in (tmp_path / "ckpt").glob("*.pt")) == ["ckpt-000002.pt"]  # save_every=2
+    assert sorted(path.name for path in (tmp_path / "ckpt").glob("*.pt")) == [data_name(128)]  # save_every=2
 
 
 
@@ -51,4 +52,4 @@ def test_rendered_mpijob_launcher_command_trains(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert events[-1]["event"] == "done" and events[-1]["epochs"] == 2  # JSON lines, no progress bar
-    assert (tmp_path / "ckpt" / "ckpt-000002.pt").exists()
+    assert (tmp_path / "ckpt" / data_name(64)).exists()  # 2 epochs of 32 steps at world size 2

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from jobs.local_aws import free_port
-from jobs.workload.checkpoint import Checkpointer, data_name, manifest_name, serialize
+from jobs.workload.checkpoint import Checkpointer, IdentityMismatch, data_name, manifest_name, serialize
 from jobs.workload.storage import LocalStorage, S3Storage, StorageError, open_storage
+from workload_launch import FaultyProxy
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -20,13 +21,20 @@ def storage(request, tmp_path):
     return S3Storage("ckpt", "runs/a")
 
 
-def _state(epochs_run: int) -> dict:
-    return {"epochs_run": epochs_run, "model": {"weight": torch.full((2, 3), float(epochs_run))}}
+IDENTITY = {"model": "linear", "dataset_size": 64, "seed": 0, "batch_size": 8, "world_size": 1, "lr": 0.001}
 
 
-def _save_epochs(checkpointer: Checkpointer, epochs: range) -> None:
-    for epochs_run in epochs:
-        checkpointer.save(epochs_run, serialize(_state(epochs_run)))
+def _checkpointer(storage, **kwargs) -> Checkpointer:
+    return Checkpointer(storage, IDENTITY, **kwargs)
+
+
+def _state(step: int) -> dict:
+    return {"step": step, "model": {"weight": torch.full((2, 3), float(step))}}
+
+
+def _save_steps(checkpointer: Checkpointer, steps: range) -> None:
+    for step in steps:
+        assert checkpointer.save(step, serialize(_state(step)))
 
 
 def _assert_manifests_name_existing_data(storage) -> None:
@@ -37,26 +45,26 @@ def _assert_manifests_name_existing_data(storage) -> None:
 
 def test_save_keeps_the_last_k_and_loads_the_newest(storage):
     saved = []
-    checkpointer = Checkpointer(storage, keep=3, emit=saved.append)
+    checkpointer = _checkpointer(storage, keep=3, emit=saved.append)
     storage.check()
-    _save_epochs(checkpointer, range(1, 6))
+    _save_steps(checkpointer, range(1, 6))
     assert storage.names() == sorted(f(e) for e in (3, 4, 5) for f in (data_name, manifest_name))
-    assert [e["epoch"] for e in saved if e["event"] == "checkpoint"] == [1, 2, 3, 4, 5]
+    assert [e["step"] for e in saved if e["event"] == "checkpoint"] == [1, 2, 3, 4, 5]
     latest = checkpointer.load_latest()
-    assert latest.epochs_run == 5
+    assert latest.step == 5 and latest.uri == f"{storage.uri}/{manifest_name(5)}"
     assert torch.equal(latest.state["model"]["weight"], torch.full((2, 3), 5.0))
     _assert_manifests_name_existing_data(storage)
 
 
 def test_corrupt_data_is_reported_and_the_previous_checkpoint_loads(storage):
     events = []
-    checkpointer = Checkpointer(storage, emit=events.append)
+    checkpointer = _checkpointer(storage, emit=events.append)
     storage.check()
-    _save_epochs(checkpointer, range(1, 3))
+    _save_steps(checkpointer, range(1, 3))
     payload = bytearray(storage.get(data_name(2)))
     payload[len(payload) // 2] ^= 0xFF
     storage.put(data_name(2), bytes(payload))
-    assert checkpointer.load_latest().epochs_run == 1
+    assert checkpointer.load_latest().step == 1
     skipped = [e for e in events if e["event"] == "checkpoint_skipped"]
     assert skipped == [{"event": "checkpoint_skipped", "name": manifest_name(2),
                         "reason": f"{data_name(2)}: size or sha256 differs from its manifest"}]
@@ -64,28 +72,28 @@ def test_corrupt_data_is_reported_and_the_previous_checkpoint_loads(storage):
 
 def test_data_without_manifest_is_a_partial_write_and_is_skipped(storage):
     events = []
-    checkpointer = Checkpointer(storage, emit=events.append)
+    checkpointer = _checkpointer(storage, emit=events.append)
     storage.check()
-    _save_epochs(checkpointer, range(1, 2))
+    _save_steps(checkpointer, range(1, 2))
     storage.put(data_name(2), serialize(_state(2)))  # killed before the manifest
-    assert checkpointer.load_latest().epochs_run == 1
+    assert checkpointer.load_latest().step == 1
     assert events[-1] == {"event": "checkpoint_skipped", "name": data_name(2), "reason": "no manifest (partial write)"}
 
 
 def test_unreadable_manifest_and_missing_data_are_skipped(storage):
     events = []
-    checkpointer = Checkpointer(storage, emit=events.append)
+    checkpointer = _checkpointer(storage, emit=events.append)
     storage.check()
-    _save_epochs(checkpointer, range(1, 4))
+    _save_steps(checkpointer, range(1, 4))
     storage.put(manifest_name(3), b"{not json")
     storage.delete(data_name(2))
-    assert checkpointer.load_latest().epochs_run == 1
+    assert checkpointer.load_latest().step == 1
     assert [e["name"] for e in events if e["event"] == "checkpoint_skipped"] == [manifest_name(3), manifest_name(2)]
 
 
 def test_no_checkpoint_yet_loads_nothing(storage):
     storage.check()
-    assert Checkpointer(storage).load_latest() is None
+    assert _checkpointer(storage).load_latest() is None
 
 
 def test_s3_save_to_an_unreachable_endpoint_is_retried_then_reported_not_raised(monkeypatch):
@@ -93,9 +101,9 @@ def test_s3_save_to_an_unreachable_endpoint_is_retried_then_reported_not_raised(
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
         monkeypatch.setenv(key, value)
     events = []
-    Checkpointer(S3Storage("ckpt", "p", attempts=3, base_delay=0.01), emit=events.append).save(1, b"bytes")
+    assert not _checkpointer(S3Storage("ckpt", "p", attempts=3, base_delay=0.01), emit=events.append).save(1, b"bytes")
     assert len(events) == 1 and events[0]["event"] == "checkpoint_failed"
-    assert "put ckpt-000001.pt failed after 3 attempts" in events[0]["error"]
+    assert "put ckpt-000000001.pt failed after 3 attempts" in events[0]["error"]
 
 
 def test_local_write_leaves_no_temp_files(tmp_path):
@@ -127,20 +135,74 @@ def test_uri_forms(tmp_path):
 
 def test_a_verified_object_that_is_no_checkpoint_and_a_manifest_without_keys_are_skipped(storage):
     events = []
-    checkpointer = Checkpointer(storage, emit=events.append)
+    checkpointer = _checkpointer(storage, emit=events.append)
     storage.check()
-    _save_epochs(checkpointer, range(1, 2))
+    _save_steps(checkpointer, range(1, 2))
     checkpointer.save(2, b"not a torch file")
-    storage.put(manifest_name(3), json.dumps({"data": data_name(3)}).encode())
-    assert checkpointer.load_latest().epochs_run == 1
+    storage.put(manifest_name(3), json.dumps({"step": 3, "data": data_name(3)}).encode())
+    assert checkpointer.load_latest().step == 1
     reasons = [e["reason"] for e in events if e["event"] == "checkpoint_skipped"]
-    assert reasons[0] == "unreadable manifest: KeyError('bytes')"
+    assert reasons[0] == "unreadable manifest: no 'bytes'"
     assert reasons[1].startswith(f"{data_name(2)}: not a checkpoint")
 
 
 def test_a_checkpoint_above_the_multipart_threshold_round_trips_through_s3(local_aws):
     boto3.client("s3").create_bucket(Bucket="ckpt")
-    checkpointer = Checkpointer(S3Storage("ckpt", "big"))
+    checkpointer = _checkpointer(S3Storage("ckpt", "big"))
     weights = torch.rand(3 * 2**20)  # 12 MiB: a multipart upload
     checkpointer.save(1, serialize({"weights": weights}))
     assert torch.equal(checkpointer.load_latest().state["weights"], weights)
+
+
+def test_objects_that_are_not_ours_are_ignored_whatever_their_names(storage, tmp_path):
+    storage.check()
+    foreign = {"ckpt-latest.json": b"{}", "ckpt-000000009.json.bak": b"x", "ckpt-9.json": b"{}", "notes.txt": b"hi"}
+    for name, body in foreign.items():
+        storage.put(name, body)
+    if isinstance(storage, LocalStorage):
+        (storage.root / manifest_name(99)).mkdir()  # a folder named like a checkpoint
+    else:
+        storage.put(f"{manifest_name(99)}/inside", b"{}")
+    checkpointer = _checkpointer(storage, keep=2)
+    _save_steps(checkpointer, range(1, 5))
+    assert checkpointer.load_latest().step == 4
+    assert _checkpointer(storage).newest_manifest()["step"] == 4
+    ours = [f(step) for step in (3, 4) for f in (data_name, manifest_name)]
+    assert sorted(set(storage.names()) - set(foreign) - {f"{manifest_name(99)}/inside"}) == sorted(ours)
+    assert all(storage.get(name) == body for name, body in foreign.items())
+
+
+@pytest.mark.parametrize("key, value, flag", [
+    ("model", "mlp", "--model 'linear' in the checkpoint, 'mlp' now"),
+    ("seed", 7, "--seed 0 in the checkpoint, 7 now"),
+    ("dataset_size", 128, "--dataset-size 64 in the checkpoint, 128 now"),
+    ("batch_size", 16, "--batch_size 8 in the checkpoint, 16 now"),
+    ("world_size", 2, "world size 1 in the checkpoint, 2 now"),
+    ("lr", 0.1, "--lr 0.001 in the checkpoint, 0.1 now"),
+])
+def test_a_checkpoint_of_another_run_shape_is_an_identity_mismatch(tmp_path, key, value, flag):
+    storage = LocalStorage(tmp_path)
+    _save_steps(_checkpointer(storage), range(1, 2))
+    other = Checkpointer(storage, {**IDENTITY, key: value})
+    for read in (other.load_latest, other.newest_manifest):
+        with pytest.raises(IdentityMismatch, match="use another --checkpoint-uri") as error:
+            read()
+        assert flag in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_manifest_put_that_lands_but_fails_on_the_client_is_pruned_later(local_aws, monkeypatch):
+    """The outage test's flake: the server stored the manifest, the client saw a reset and gave up."""
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    proxy = FaultyProxy(local_aws.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+    storage = S3Storage("ckpt", "run", attempts=2, base_delay=0.01)
+    checkpointer = _checkpointer(storage, keep=2)
+    _save_steps(checkpointer, range(1, 3))
+    proxy.cut_after(f"PUT /ckpt/run/{manifest_name(3)}".encode())
+    assert not checkpointer.save(3, serialize(_state(3)))
+    assert proxy.cut.is_set()
+    proxy.up()
+    _save_steps(checkpointer, range(4, 7))
+    assert storage.names() == sorted(f(step) for step in (5, 6) for f in (data_name, manifest_name))
+    _assert_manifests_name_existing_data(storage)
+    proxy.close()

@@ -3,46 +3,30 @@
 import json
 import os
 import signal
-import subprocess
-import time
 from functools import cache
 
 import boto3
 import pytest
 
 from jobs.workload.args import TrainArgs
-from jobs.workload.checkpoint import Checkpointer, data_name
+from jobs.workload.checkpoint import Checkpointer, data_name, manifest_name
 from jobs.workload.storage import LocalStorage, S3Storage
-from workload_launch import REPO, FaultyProxy, children, done_event, environ_of, events, python_cmd, run, torchrun_cmd
+from jobs.workload.train import identity
+from workload_launch import (FaultyProxy, children, done_event, environ_of, events, finished, python_cmd, run,
+                             start, torchrun_cmd, trained, wait_for)
 
 pytestmark = pytest.mark.slow
-SHORT = TrainArgs(total_epochs=4, save_every=1, batch_size=32, seed=11)
+SHORT = TrainArgs(total_epochs=4, save_every=1, batch_size=32, seed=11, lease_seconds=2)
+STEPS = 2048 // 32  # per epoch at world size 1
 
 
 @cache
 def uninterrupted(args: TrainArgs, launcher=python_cmd) -> dict:
-    return done_event(run(launcher(args)))
+    return trained(done_event(run(launcher(args))))
 
 
-def _start(cmd: list[str], out, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
-
-
-def _wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def _finished(process: subprocess.Popen, out) -> subprocess.CompletedProcess:
-    try:
-        process.wait(timeout=180)
-    finally:
-        if process.poll() is None:  # hung: take the launcher and its workers down with it
-            os.killpg(process.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
+def _latest(storage, args: TrainArgs, world_size: int = 1, **kwargs):
+    return Checkpointer(storage, identity(args, world_size), **kwargs).load_latest()
 
 
 def _assert_every_manifest_names_its_data(storage) -> None:
@@ -57,71 +41,75 @@ def _moto_through(proxy: FaultyProxy, local_aws) -> dict[str, str]:
 
 
 def test_sigkill_a_worker_after_the_first_checkpoint_restarts_to_bitwise_identical_weights(tmp_path):
-    args = TrainArgs(total_epochs=10, save_every=2, batch_size=32, dataset_size=4096, seed=5,
+    args = TrainArgs(total_epochs=10, save_every=2, batch_size=32, dataset_size=4096, seed=5, lease_seconds=2,
                      checkpoint_uri=str(tmp_path / "ckpt"))
     out = tmp_path / "out"
-    job = _start(torchrun_cmd(args, max_restarts=3), out)
-    _wait_for(lambda: (tmp_path / "ckpt" / "ckpt-000002.json").exists(), what="the first checkpoint")
+    job = start(torchrun_cmd(args, max_restarts=3), out)
+    wait_for(lambda: (tmp_path / "ckpt" / manifest_name(128)).exists(), what="the first checkpoint")
     rank_1 = next(pid for pid in children(job.pid) if environ_of(pid).get("RANK") == "1")
     os.kill(rank_1, signal.SIGKILL)
-    result = _finished(job, out)
+    result = finished(job, out)
     resumed = [e["epoch"] for e in events(result.stdout) if e["event"] == "resume"]
     assert resumed and resumed[0] >= 2, result.stdout
     reference = args.model_copy(update={"checkpoint_uri": str(tmp_path / "reference")})
-    assert done_event(result) == uninterrupted(reference, torchrun_cmd)
+    assert trained(done_event(result)) == uninterrupted(reference, torchrun_cmd)
 
 
 def test_sigkill_rank_0_between_data_and_manifest_leaves_the_previous_checkpoint(tmp_path, local_aws):
     proxy = FaultyProxy(local_aws.port)
     env = _moto_through(proxy, local_aws)
     args = SHORT.model_copy(update={"checkpoint_uri": "s3://ckpt/run"})
-    proxy.hold(b"PUT /ckpt/run/ckpt-000002.json")
-    trainer = _start(python_cmd(args), tmp_path / "out", env)
+    proxy.hold(f"PUT /ckpt/run/{manifest_name(2 * STEPS)}".encode())
+    trainer = start(python_cmd(args), tmp_path / "out", env)
     assert proxy.held.wait(timeout=90), (tmp_path / "out").read_text()
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(timeout=30)
     proxy.close()
 
     skipped = []
-    latest = Checkpointer(S3Storage("ckpt", "run"), emit=skipped.append).load_latest()
-    assert latest.epochs_run == 1
-    assert skipped == [{"event": "checkpoint_skipped", "name": data_name(2), "reason": "no manifest (partial write)"}]
+    latest = _latest(S3Storage("ckpt", "run"), args, emit=skipped.append)
+    assert latest.step == STEPS
+    assert skipped == [{"event": "checkpoint_skipped", "name": data_name(2 * STEPS),
+                        "reason": "no manifest (partial write)"}]
     resumed = run(python_cmd(args), env=local_aws.env)
-    assert {"event": "resume", "epoch": 1, "global_step": 64} in events(resumed.stdout)
-    assert done_event(resumed) == uninterrupted(SHORT)
+    assert {"event": "resume", "epoch": 1, "step_in_epoch": 0, "global_step": STEPS,
+            "checkpoint": f"s3://ckpt/run/{manifest_name(STEPS)}"} in events(resumed.stdout)
+    assert trained(done_event(resumed)) == uninterrupted(SHORT)
 
 
 def test_s3_outage_during_training_saves_retry_training_goes_on(tmp_path, local_aws):
     proxy = FaultyProxy(local_aws.port)
     env = _moto_through(proxy, local_aws)
-    args = TrainArgs(total_epochs=60, save_every=1, batch_size=32, seed=2, checkpoint_uri="s3://ckpt/run")
+    args = TrainArgs(total_epochs=60, save_every=1, batch_size=32, seed=2, checkpoint_uri="s3://ckpt/run",
+                     lease_seconds=2)
     out = tmp_path / "out"
-    trainer = _start(python_cmd(args), out, env)
-    _wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="the first checkpoint")
+    trainer = start(python_cmd(args), out, env)
+    wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="the first checkpoint")
     proxy.down()  # until a save has used up its retries, however slow the machine
-    _wait_for(lambda: '"event": "checkpoint_failed"' in out.read_text(), what="a save to give up")
+    wait_for(lambda: '"event": "checkpoint_failed"' in out.read_text(), what="a save to give up")
     proxy.up()
-    result = _finished(trainer, out)
+    result = finished(trainer, out)
     proxy.close()
 
-    assert done_event(result) == uninterrupted(args.model_copy(update={"checkpoint_uri": None}))
-    failed = [e["epoch"] for e in events(result.stdout) if e["event"] == "checkpoint_failed"]
-    saved = [e["epoch"] for e in events(result.stdout) if e["event"] == "checkpoint"]
+    assert trained(done_event(result)) == uninterrupted(args.model_copy(update={"checkpoint_uri": None}))
+    failed = [e["step"] for e in events(result.stdout) if e["event"] == "checkpoint_failed"]
+    saved = [e["step"] for e in events(result.stdout) if e["event"] == "checkpoint"]
     assert failed and "attempts" in result.stdout
-    assert max(saved) == 60 and any(epoch > max(failed) for epoch in saved)
+    assert max(saved) == 60 * STEPS and any(step > max(failed) for step in saved)
     storage = S3Storage("ckpt", "run")
     _assert_every_manifest_names_its_data(storage)
-    assert Checkpointer(storage).load_latest().epochs_run == 60
+    assert _latest(storage, args).step == 60 * STEPS
 
 
 def test_a_corrupted_checkpoint_is_detected_and_skipped_on_resume(tmp_path):
     args = SHORT.model_copy(update={"total_epochs": 3, "checkpoint_uri": str(tmp_path)})
     done_event(run(python_cmd(args)))
-    newest = tmp_path / data_name(3)
+    newest = tmp_path / data_name(3 * STEPS)
     newest.write_bytes(newest.read_bytes()[:-100] + bytes(100))
     resumed = run(python_cmd(args.model_copy(update={"total_epochs": 4})))
     skipped = [e for e in events(resumed.stdout) if e["event"] == "checkpoint_skipped"]
-    assert [e["name"] for e in skipped] == ["ckpt-000003.json"] and "sha256" in skipped[0]["reason"]
-    assert {"event": "resume", "epoch": 2, "global_step": 128} in events(resumed.stdout)
-    assert done_event(resumed) == uninterrupted(SHORT)
+    assert [e["name"] for e in skipped] == [manifest_name(3 * STEPS)] and "sha256" in skipped[0]["reason"]
+    assert {"event": "resume", "epoch": 2, "step_in_epoch": 0, "global_step": 2 * STEPS,
+            "checkpoint": str(tmp_path / manifest_name(2 * STEPS))} in events(resumed.stdout)
+    assert trained(done_event(resumed)) == uninterrupted(SHORT)
     _assert_every_manifest_names_its_data(LocalStorage(tmp_path))

@@ -29,6 +29,9 @@ GOOD = ["2", "1", "--batch_size", "8"]
     ([*GOOD, "--model", "resnet"], "model: Input should be 'linear' or 'mlp' (got 'resnet')"),
     ([*GOOD, "--checkpoint-uri", "gs://b/p"], "unsupported scheme 'gs'"),
     (["two", "1"], "argument total_epochs: invalid int value: 'two'"),
+    ([*GOOD, "--save-every-steps", "0"], "save_every_steps: Input should be greater than or equal to 1 (got 0)"),
+    ([*GOOD, "--grace-period", "0"], "grace_period: Input should be greater than 0 (got 0.0)"),
+    ([*GOOD, "--lease-seconds", "-1"], "lease_seconds: Input should be greater than 0 (got -1.0)"),
 ])
 def test_bad_input_is_one_line_exit_2_before_any_process_group(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from jobs.local_aws import free_port
@@ -29,8 +31,10 @@ def torchrun_cmd(args: TrainArgs, nproc: int = 2, max_restarts: int = 0) -> list
             "-m", TRAIN_MODULE, *args.to_argv()]
 
 
-def mpirun_cmd(args: TrainArgs, nproc: int = 2) -> list[str]:
+def mpirun_cmd(args: TrainArgs, nproc: int = 2, sigkill_timeout: int = 1) -> list[str]:
+    """``sigkill_timeout``: Open MPI 4 sends SIGTERM that long after mpirun's, then SIGKILL as long after it."""
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nproc),
+            "--mca", "odls_base_sigkill_timeout", str(sigkill_timeout),
             "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}", "-x", "TTY_INTERACTIVE=0",
             "-x", "PATH", "-x", "PYTHONPATH", sys.executable, "-m", TRAIN_MODULE, *args.to_argv()]
 
@@ -44,6 +48,29 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120)
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
+def start(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A launcher in its own session, stdout and stderr to ``out``."""
+    return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def finished(process: subprocess.Popen, out: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Wait for a launcher started by ``start``; a hung one is killed with its whole session."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
+
+
 def events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
@@ -54,6 +81,11 @@ def done_event(result: subprocess.CompletedProcess) -> dict:
     done = [event for event in events(result.stdout) if event["event"] == "done"]
     assert len(done) == 1, result.stdout
     return done[0]
+
+
+def trained(done: dict) -> dict:
+    """What training produced (epochs, steps, weights), without where it was saved."""
+    return {key: value for key, value in done.items() if key != "checkpoint"}
 
 
 def children(pid: int) -> list[int]:
@@ -72,7 +104,9 @@ class FaultyProxy:
     """A TCP proxy on 127.0.0.1 in front of a server, with real network faults.
 
     ``down()`` resets every connection and refuses new ones until ``up()``; ``hold(pattern)`` stops
-    forwarding a connection once a client sends bytes containing ``pattern`` (``held`` is then set).
+    forwarding a connection once a client sends bytes containing ``pattern`` (``held`` is then set);
+    ``cut_after(pattern)`` forwards that request, drops the server's reply and goes ``down()``: the
+    request has landed, the client sees a reset and retries in vain (``cut`` is then set).
     """
 
     def __init__(self, target_port: int):
@@ -81,7 +115,8 @@ class FaultyProxy:
         self.port = self._listener.getsockname()[1]
         self._down = threading.Event()
         self._pattern: bytes | None = None
-        self.held = threading.Event()
+        self._cut_pattern: bytes | None = None
+        self.held, self.cut = threading.Event(), threading.Event()
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -103,6 +138,9 @@ class FaultyProxy:
     def hold(self, pattern: bytes) -> None:
         self._pattern = pattern
 
+    def cut_after(self, pattern: bytes) -> None:
+        self._cut_pattern = pattern
+
     def close(self) -> None:
         self.down()
         self._listener.close()
@@ -119,10 +157,11 @@ class FaultyProxy:
             server = socket.create_connection(("127.0.0.1", self.target_port))
             with self._lock:
                 self._connections += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+            marked = threading.Event()  # this connection carries the request to cut after
+            threading.Thread(target=self._pump, args=(client, server, True, marked), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False, marked), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool, marked: threading.Event) -> None:
         try:
             while True:
                 data = source.recv(65536)
@@ -131,6 +170,13 @@ class FaultyProxy:
                 if from_client and self._pattern and self._pattern in data:
                     self.held.set()
                     return  # never forwarded: the client waits until it gives up or dies
+                if from_client and self._cut_pattern and self._cut_pattern in data:
+                    self._cut_pattern = None
+                    marked.set()
+                if not from_client and marked.is_set() and not data.startswith(b"HTTP/1.1 100 "):
+                    self.cut.set()  # the server has answered, so the request landed: the client never hears it
+                    self.down()
+                    return
                 sink.sendall(data)
         except OSError:
             pass

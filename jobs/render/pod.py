@@ -35,7 +35,7 @@ from infra.conventions import (
     NODEPOOL_CPU,
     PART_OF,
 )
-from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
+from jobs.spec import GRACE_PERIOD_SECONDS, HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
 # The non-root user of the gpuyard images (images/*: uid 1000, the Ray base's ``ray`` user too);
 # its group comes from the image, fsGroup makes mounted secrets and tokens readable.
@@ -84,8 +84,20 @@ def metadata(spec: JobSpec, team: Team, extra_labels: dict[str, str] | None = No
     }
 
 
+def shutdown_env(spec: JobSpec) -> dict[str, str]:
+    """Let the launchers give the trainer the pod's grace period after they forward SIGTERM.
+
+    torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT s after forwarding (default 30; torch
+    2.13 torch/distributed/launcher/api.py). Open MPI 4's mpirun forwards SIGTERM odls_base_sigkill_timeout
+    s after getting it, then SIGKILLs as long after (default 1; ompi v4.1.x
+    orte/mca/odls/base/odls_base_default_fns.c): a third of the grace each leaves mpirun a third to exit.
+    """
+    grace = GRACE_PERIOD_SECONDS[spec.capacity_type]
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace), "OMPI_MCA_odls_base_sigkill_timeout": str(grace // 3)}
+
+
 def trainer_env(spec: JobSpec) -> dict[str, str]:
-    """NCCL (and EFA) settings on GPU jobs, then the spec's own env, which wins."""
+    """NCCL (and EFA) settings on GPU jobs, the launchers' shutdown timeouts, then the spec's own env, which wins."""
     env: dict[str, str] = {}
     if spec.gpus_per_node:
         env.update(NCCL_ENV)
@@ -93,6 +105,7 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
         env.update(EFA_ENV)
         if not spec.node_group:  # no huge pages reserved on Karpenter nodes: libfabric uses regular pages
             env["FI_EFA_USE_HUGE_PAGE"] = "0"
+    env.update(shutdown_env(spec))
     env.update(spec.env)
     return env
 
@@ -204,7 +217,8 @@ def _pod_template(
     restart_policy: str | None,
     extra_labels: dict[str, str] | None,
 ) -> dict:
-    pod: dict = {"serviceAccountName": team.service_account, "priorityClassName": team.priority_class}
+    pod: dict = {"serviceAccountName": team.service_account, "priorityClassName": team.priority_class,
+                 "terminationGracePeriodSeconds": GRACE_PERIOD_SECONDS[spec.capacity_type]}
     if scheduler_name:
         pod["schedulerName"] = scheduler_name
     if restart_policy:

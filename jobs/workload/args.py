@@ -17,6 +17,8 @@ from infra.validation import validation_message
 MODELS = ("linear", "mlp")
 TRAIN_MODULE = "jobs.workload.train"
 RAY_MODULE = "jobs.workload.ray_entry"
+DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+DEFAULT_LEASE_SECONDS = 60.0
 
 
 class TrainArgs(BaseModel):
@@ -33,6 +35,9 @@ class TrainArgs(BaseModel):
     seed: int = 0
     lr: Annotated[float, Field(gt=0)] = 1e-3
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    save_every_steps: Annotated[int, Field(ge=1)] | None = None
+    grace_period: Annotated[float, Field(gt=0)] = DEFAULT_GRACE_PERIOD
+    lease_seconds: Annotated[float, Field(gt=0)] = DEFAULT_LEASE_SECONDS
 
     def to_argv(self) -> list[str]:
         """The command-line form, accepted by ``parse_args``."""
@@ -43,6 +48,12 @@ class TrainArgs(BaseModel):
         argv += ["--seed", str(self.seed), "--lr", repr(self.lr)]
         if self.metrics_port is not None:
             argv += ["--metrics-port", str(self.metrics_port)]
+        if self.save_every_steps is not None:
+            argv += ["--save-every-steps", str(self.save_every_steps)]
+        if self.grace_period != DEFAULT_GRACE_PERIOD:
+            argv += ["--grace-period", f"{self.grace_period:g}"]
+        if self.lease_seconds != DEFAULT_LEASE_SECONDS:
+            argv += ["--lease-seconds", f"{self.lease_seconds:g}"]
         return argv
 
 
@@ -66,6 +77,11 @@ def build_parser(prog: str = f"python -m {TRAIN_MODULE}") -> argparse.ArgumentPa
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus port on rank 0")
+    parser.add_argument("--save-every-steps", type=int, default=None, help="also checkpoint every N global steps")
+    parser.add_argument("--grace-period", type=float, default=DEFAULT_GRACE_PERIOD,
+                        help="seconds from SIGTERM to SIGKILL (the pod's terminationGracePeriodSeconds)")
+    parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS,
+                        help="the checkpoint prefix's writer lease expires this long after its last heartbeat")
     return parser
 
 

@@ -1,10 +1,12 @@
 """Atomic, verified checkpoints on a Storage, written by rank 0 and read by every rank.
 
-A checkpoint is two objects: ``ckpt-000003.pt`` (the ``torch.save`` bytes) and, written only
-after it, the manifest ``ckpt-000003.json`` naming it with its size and sha256. A reader only
-trusts manifests and verifies the data against them, so it never sees a partial checkpoint; a
-corrupt or partial one is reported and skipped for the previous one. Pruning to the last
-``keep`` deletes a manifest before its data, so no manifest ever names missing data.
+A checkpoint is two objects named by the global step: ``ckpt-000000300.pt`` (the ``torch.save``
+bytes) and, written only after it, the manifest ``ckpt-000000300.json`` naming it with its size,
+sha256 and the run's identity (model, dataset size, seed, batch size, world size, lr). A reader only
+trusts manifests and verifies the data against them, so it never sees a partial checkpoint; a corrupt
+or partial one is reported and skipped for the previous one; a checkpoint of another run's identity
+is an error. Objects whose names are not exactly ours are ignored. Pruning to the last ``keep``
+deletes a manifest before its data, so no manifest ever names missing data.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import hashlib
 import io
 import json
 import pickle
+import re
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,70 +28,121 @@ from jobs.workload.storage import Storage, StorageError
 
 Event = dict[str, Any]
 DATA, MANIFEST = ".pt", ".json"
+MANIFEST_KEYS = ("step", "data", "bytes", "sha256")
+OURS = re.compile(r"ckpt-(\d{9})\.(pt|json)")
+IDENTITY_FLAGS = {"model": "--model", "dataset_size": "--dataset-size", "seed": "--seed",
+                  "batch_size": "--batch_size", "world_size": "world size", "lr": "--lr"}
 
 
-def data_name(epochs_run: int) -> str:
-    return f"ckpt-{epochs_run:06d}{DATA}"
+def data_name(step: int) -> str:
+    return f"ckpt-{step:09d}{DATA}"
 
 
-def manifest_name(epochs_run: int) -> str:
-    return f"ckpt-{epochs_run:06d}{MANIFEST}"
+def manifest_name(step: int) -> str:
+    return f"ckpt-{step:09d}{MANIFEST}"
 
 
-def _epochs_of(name: str) -> int:
-    return int(name.removeprefix("ckpt-").split(".")[0])
+def step_of(name: str) -> int:
+    return int(name[5:14])
+
+
+def our_names(names: list[str]) -> list[str]:
+    """Only checkpoint objects: ``ckpt-latest.json``, ``ckpt-000000001.json/x`` and the like are not ours."""
+    return [name for name in names if OURS.fullmatch(name)]
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    epochs_run: int
+    step: int
     state: dict[str, Any]
+    uri: str
+    manifest: dict[str, Any]
 
 
 class CorruptCheckpoint(Exception):
     """A manifest or its data does not check out."""
 
 
-class Checkpointer:
-    """Save, prune and load checkpoints on ``storage``; ``emit`` receives one event dict per outcome."""
+class IdentityMismatch(Exception):
+    """The checkpoint was written by a run of another shape, as one line."""
 
-    def __init__(self, storage: Storage, keep: int = 3, emit: Callable[[Event], None] = lambda event: None):
-        self.storage, self.keep, self.emit = storage, keep, emit
+
+def identity_mismatch(uri: str, theirs: Any, ours: dict[str, Any]) -> str | None:
+    """One line naming each flag whose value differs between the checkpoint and this run, or None."""
+    if not isinstance(theirs, dict):
+        return f"{uri} records no run identity: use another --checkpoint-uri"
+    differing = [f"{flag} {theirs.get(key)!r} in the checkpoint, {ours[key]!r} now"
+                 for key, flag in IDENTITY_FLAGS.items() if theirs.get(key) != ours[key]]
+    if not differing:
+        return None
+    return (f"{uri} was written by another run ({'; '.join(differing)}): "
+            "resume with the same values or use another --checkpoint-uri")
+
+
+class Checkpointer:
+    """Save, prune and load checkpoints on ``storage``; ``emit`` receives one event dict per outcome.
+
+    ``guard`` runs before every write (rank 0 checks its lease there) and raises StorageError to stop it.
+    """
+
+    def __init__(self, storage: Storage, identity: dict[str, Any], keep: int = 3,
+                 emit: Callable[[Event], None] = lambda event: None, guard: Callable[[], None] = lambda: None):
+        self.storage, self.identity, self.keep, self.emit, self.guard = storage, identity, keep, emit, guard
         self._names: set[str] | None = None  # rank 0 is the only writer: list once, then track
 
     def _known_names(self) -> set[str]:
         if self._names is None:
-            self._names = set(self.storage.names())
+            self._names = set(our_names(self.storage.names()))
         return self._names
 
-    def save(self, epochs_run: int, payload: bytes) -> None:
-        """Write data, then manifest, then prune; a failure is reported, never raised."""
+    def uri(self, step: int) -> str:
+        return f"{self.storage.uri}/{manifest_name(step)}"
+
+    def save(self, step: int, payload: bytes, **details: Any) -> bool:
+        """Write data, then manifest, then prune; True once the manifest is written. Failures are reported."""
         started = time.perf_counter()
-        manifest = {"epochs_run": epochs_run, "data": data_name(epochs_run), "bytes": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest()}
+        manifest = {"step": step, "data": data_name(step), "bytes": len(payload),
+                    "sha256": hashlib.sha256(payload).hexdigest(), "identity": self.identity, **details}
         try:
-            self.storage.put(data_name(epochs_run), payload)
-            self._known_names().add(data_name(epochs_run))
-            self.storage.put(manifest_name(epochs_run), json.dumps(manifest).encode())
-            self._known_names().add(manifest_name(epochs_run))
+            self.guard()
+            self.storage.put(data_name(step), payload)
+            names = self._known_names()
+            names.add(data_name(step))
+            manifest["upload_seconds"] = round(time.perf_counter() - started, 4)
+            self.guard()
+            self.storage.put(manifest_name(step), json.dumps(manifest).encode())
+            names.add(manifest_name(step))
         except StorageError as error:
-            self.emit({"event": "checkpoint_failed", "epoch": epochs_run, "error": str(error)})
-            return
-        self.emit({"event": "checkpoint", "epoch": epochs_run, "uri": f"{self.storage.uri}/{data_name(epochs_run)}",
-                   "bytes": len(payload), "seconds": round(time.perf_counter() - started, 4)})
+            # a PUT that failed on the client may still have landed on the server: list again before pruning
+            self._names = None
+            self.emit({"event": "checkpoint_failed", "step": step, "error": str(error)})
+            return False
+        self.emit({"event": "checkpoint", "step": step, **details, "uri": self.uri(step), "bytes": len(payload),
+                   "seconds": round(time.perf_counter() - started, 4)})
         try:
             self._prune()
         except StorageError as error:
+            self._names = None
             self.emit({"event": "prune_failed", "error": str(error)})
+        return True
+
+    def newest_manifest(self) -> dict[str, Any] | None:
+        """The newest readable manifest; raises IdentityMismatch if it belongs to a run of another shape."""
+        for name in sorted((n for n in our_names(self.storage.names()) if n.endswith(MANIFEST)), reverse=True):
+            try:
+                return self._manifest(name)
+            except (CorruptCheckpoint, StorageError):
+                continue
+        return None
 
     def load_latest(self) -> Checkpoint | None:
         """The newest checkpoint that verifies; reports each one skipped on the way."""
-        names = self.storage.names()
+        names = our_names(self.storage.names())
         self._names = set(names)
         manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
-        newest_complete = _epochs_of(manifests[0]) if manifests else 0
+        newest_complete = step_of(manifests[0]) if manifests else -1
         for partial in sorted(n for n in names if n.endswith(DATA) and n.replace(DATA, MANIFEST) not in names):
-            if _epochs_of(partial) > newest_complete:
+            if step_of(partial) > newest_complete:
                 self.emit({"event": "checkpoint_skipped", "name": partial, "reason": "no manifest (partial write)"})
         for name in manifests:
             try:
@@ -97,28 +151,37 @@ class Checkpointer:
                 self.emit({"event": "checkpoint_skipped", "name": name, "reason": str(error)})
         return None
 
-    def _load(self, name: str) -> Checkpoint:
+    def _manifest(self, name: str) -> dict[str, Any]:
         try:
             manifest = json.loads(self.storage.get(name))
-            data, size, digest, epochs_run = (manifest[key] for key in ("data", "bytes", "sha256", "epochs_run"))
-        except (ValueError, KeyError, TypeError) as error:
-            raise CorruptCheckpoint(f"unreadable manifest: {error!r}") from None
-        payload = self.storage.get(data)
-        if len(payload) != size or hashlib.sha256(payload).hexdigest() != digest:
-            raise CorruptCheckpoint(f"{data}: size or sha256 differs from its manifest")
+        except ValueError as error:
+            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
+        missing = [key for key in MANIFEST_KEYS if not isinstance(manifest, dict) or key not in manifest]
+        if missing:
+            raise CorruptCheckpoint(f"unreadable manifest: no {missing[0]!r}")
+        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
+        if mismatch:
+            raise IdentityMismatch(mismatch)
+        return manifest
+
+    def _load(self, name: str) -> Checkpoint:
+        manifest = self._manifest(name)
+        payload = self.storage.get(manifest["data"])
+        if len(payload) != manifest["bytes"] or hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
+            raise CorruptCheckpoint(f"{manifest['data']}: size or sha256 differs from its manifest")
         try:
             state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
         except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
-            raise CorruptCheckpoint(f"{data}: not a checkpoint: {error}") from None
-        return Checkpoint(epochs_run, state)
+            raise CorruptCheckpoint(f"{manifest['data']}: not a checkpoint: {error}") from None
+        return Checkpoint(manifest["step"], state, f"{self.storage.uri}/{name}", manifest)
 
     def _prune(self) -> None:
         names = self._known_names()
         manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
         if len(manifests) <= self.keep:
             return
-        oldest_kept = _epochs_of(manifests[self.keep - 1])
-        stale_data = sorted(n for n in names if n.endswith(DATA) and _epochs_of(n) < oldest_kept)
+        oldest_kept = step_of(manifests[self.keep - 1])
+        stale_data = sorted(n for n in names if n.endswith(DATA) and step_of(n) < oldest_kept)
         for name in manifests[self.keep:] + stale_data:  # manifests first: none may name missing data
             self.storage.delete(name)
             names.discard(name)
@@ -131,22 +194,34 @@ def serialize(state: dict[str, Any]) -> bytes:
 
 
 class BackgroundSaver:
-    """Serializes a state at once and uploads it on a thread; one save in flight at a time."""
+    """Serializes a state at once and uploads it on a daemon thread; one save in flight at a time.
 
-    def __init__(self, checkpointer: Checkpointer):
+    ``durable`` is the URI of the newest checkpoint whose manifest is written. A daemon thread never
+    holds the process past its grace period: a save still running at exit is abandoned, and a save
+    without its manifest is never read.
+    """
+
+    def __init__(self, checkpointer: Checkpointer, durable: str | None = None, durable_step: int | None = None):
         self.checkpointer = checkpointer
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._pending: Future[None] | None = None
+        self.durable, self.durable_step = durable, durable_step
+        self._thread: threading.Thread | None = None
 
-    def submit(self, epochs_run: int, state: dict[str, Any]) -> None:
+    def submit(self, step: int, state: dict[str, Any], **details: Any) -> None:
         self.wait()
-        self._pending = self._pool.submit(self.checkpointer.save, epochs_run, serialize(state))
+        payload = serialize(state)
+        self._thread = threading.Thread(target=self._save, args=(step, payload, details), name="checkpoint",
+                                        daemon=True)
+        self._thread.start()
 
-    def wait(self) -> None:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
+    def _save(self, step: int, payload: bytes, details: dict[str, Any]) -> None:
+        if self.checkpointer.save(step, payload, **details):
+            self.durable, self.durable_step = self.checkpointer.uri(step), step
 
-    def close(self) -> None:
-        self.wait()
-        self._pool.shutdown()
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once no save is in flight; False if one still runs after ``timeout`` seconds."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+            self._thread = None
+        return True

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import itertools
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -31,9 +34,35 @@ def build_model(name: str, seed: int) -> nn.Module:
     raise ValueError(f"unknown model {name!r}")
 
 
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler that can start an epoch part-way: at batch ``start_batch`` of ``batch_size``.
+
+    The order of an epoch depends only on the seed and the epoch, so skipping the indices of the
+    batches already trained gives exactly the batches an uninterrupted run would train next.
+    """
+
+    def __init__(self, dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int):
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.batch_size, self.start_batch = batch_size, 0
+
+    def set_position(self, epoch: int, start_batch: int = 0) -> None:
+        self.set_epoch(epoch)
+        self.start_batch = start_batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.start_batch * self.batch_size, None)
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.start_batch * self.batch_size)
+
+
 def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
-    """Each rank reads its own shard; call ``loader.sampler.set_epoch(epoch)`` every epoch."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    """Each rank reads its own shard; call ``loader.sampler.set_position(epoch, start_batch)`` every epoch."""
+    sampler = ResumableSampler(dataset, batch_size, rank, world_size, seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
 
 
@@ -42,6 +71,8 @@ def weights_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):
         digest.update(key.encode())
-        # the raw bytes of a fresh copy (its storage holds exactly this tensor); numpy is not a torch dependency
-        digest.update(bytes(tensor.detach().cpu().clone(memory_format=torch.contiguous_format).untyped_storage()))
+        # the tensor's raw bytes, read in one call (bytes(storage) reads one element at a time: seconds per MB);
+        # numpy is not a torch dependency
+        flat = tensor.detach().cpu().contiguous()
+        digest.update(ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size()) if flat.numel() else b"")
     return digest.hexdigest()

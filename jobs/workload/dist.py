@@ -84,6 +84,15 @@ def init_process_group(env: DistEnv) -> None:
                             rank=rank, world_size=world_size)
 
 
+def agree_exit_code(code: int, on: torch.device) -> int:
+    """The highest exit status any rank asks for, returned on every rank (so also a barrier)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return code
+    codes = torch.tensor([code], device=on)
+    dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+    return int(codes.item())
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

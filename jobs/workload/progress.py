@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 Event = dict[str, Any]
-WARNINGS = {"checkpoint_skipped", "checkpoint_failed", "prune_failed"}
+WARNINGS = {"checkpoint_skipped", "checkpoint_failed", "prune_failed", "grace_warning", "lease_lost", "nonfinite"}
 
 
 class Reporter:

@@ -78,7 +78,7 @@ class LocalStorage:
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(path.name for path in self.root.iterdir() if not path.name.startswith("."))
+        return sorted(path.name for path in self.root.iterdir() if not path.name.startswith(".") and path.is_file())
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
@@ -94,7 +94,8 @@ class S3Storage:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.attempts, self.base_delay = attempts, base_delay
-        config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=10)
+        # read_timeout is boto3's 60 s: completing a multipart upload of a large checkpoint takes S3 (and moto) a while
+        config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=60)
         self._s3 = boto3.client("s3", config=config)
 
     def _key(self, name: str) -> str:

@@ -1,0 +1,140 @@
+"""SIGTERM under real launchers: every rank stops after one agreed step, rank 0 saves it within the grace
+period, the next start resumes at exactly that step and ends bitwise identical to an uninterrupted run."""
+
+import os
+import random
+import shutil
+import signal
+import time
+from functools import cache
+from pathlib import Path
+
+import boto3
+import pytest
+
+from jobs.workload.args import TrainArgs
+from jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
+from jobs.workload.storage import S3Storage
+from jobs.workload.train import identity
+from workload_launch import (FaultyProxy, children, done_event, environ_of, events, finished, mpirun_cmd, python_cmd,
+                             ray_cmd, run, start, torchrun_cmd, trained, wait_for)
+
+pytestmark = pytest.mark.slow
+GRACE = 20
+SAVE_EVERY_STEPS = 25
+ARGS = TrainArgs(total_epochs=8, save_every=4, batch_size=16, dataset_size=2048, model="mlp", seed=9,
+                 save_every_steps=SAVE_EVERY_STEPS, grace_period=GRACE, lease_seconds=3)
+MPI_SIGKILL_TIMEOUT = 1  # Open MPI 4 forwards SIGTERM this long after mpirun gets it, and SIGKILLs as long after
+
+
+@cache
+def reference(world_size: int) -> dict:
+    launcher = python_cmd if world_size == 1 else torchrun_cmd
+    return trained(done_event(run(launcher(ARGS), timeout=600)))
+
+
+def _rank_1(job) -> int:
+    return next(pid for pid in children(job.pid)
+                if environ_of(pid).get("RANK", environ_of(pid).get("OMPI_COMM_WORLD_RANK")) == "1")
+
+
+# launcher -> (command, world size, which process gets SIGTERM, the launcher's exit status, interruptions)
+LAUNCHERS = {
+    "python": (python_cmd, 1, lambda job: job.pid, 143, 2),
+    # torchrun's agent raises SignalException on SIGTERM and exits 1 whatever its workers return (143)
+    "torchrun": (torchrun_cmd, 2, lambda job: job.pid, 1, 2),
+    "mpirun": (lambda args: mpirun_cmd(args, sigkill_timeout=MPI_SIGKILL_TIMEOUT), 2, lambda job: job.pid, 1, 2),
+    "mpirun-rank-1-only": (mpirun_cmd, 2, _rank_1, 143, 1),
+    "ray": (ray_cmd, 2, lambda job: job.pid, 143, 2),
+}
+
+
+def _saved_at_least(checkpoints: Path, step: int) -> bool:
+    return any(step_of(path.name) >= step for path in checkpoints.glob("ckpt-*.json"))
+
+
+def _interrupt(cmd: list[str], target, at_step: int, checkpoints: Path, out: Path):
+    """Start, SIGTERM ``target(job)`` once step ``at_step`` is saved; the result and the seconds it took to exit."""
+    job = start(cmd, out)
+    try:
+        wait_for(lambda: _saved_at_least(checkpoints, at_step) or job.poll() is not None,
+                 timeout=240, what=f"the checkpoint of step {at_step}")
+        assert job.poll() is None, out.read_text()[-3000:]
+        signalled = time.monotonic()
+        os.kill(target(job), signal.SIGTERM)
+        job.wait(timeout=GRACE + 60)
+        return finished(job, out), time.monotonic() - signalled
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigterm_stops_at_one_step_saves_it_in_the_grace_period_and_resumes_there_bitwise(launcher, tmp_path):
+    """Interrupted at seeded random steps, resumed each time: zero lost steps, the reference's weights."""
+    cmd, world_size, target, launcher_status, interruptions = LAUNCHERS[launcher]
+    if launcher.startswith("mpirun") and shutil.which("mpirun") is None:
+        pytest.skip("mpirun (openmpi-bin) is not installed")
+    if launcher == "ray":
+        pytest.importorskip("ray.train.torch")
+    steps = ARGS.total_epochs * ARGS.dataset_size // ARGS.batch_size // world_size
+    targets = sorted(random.Random(launcher).sample(range(1, steps // 3 // SAVE_EVERY_STEPS), interruptions))
+    args = ARGS.model_copy(update={"checkpoint_uri": str(tmp_path / "ckpt")})
+    stopped_at = 0
+    for number, target_step in enumerate(targets):
+        at_step = max(target_step * SAVE_EVERY_STEPS, stopped_at + SAVE_EVERY_STEPS)
+        out = tmp_path / f"out-{number}"
+        result, seconds = _interrupt(cmd(args), target, at_step, tmp_path / "ckpt", out)
+        outcome = events(result.stdout)
+        if stopped_at:
+            assert next(e for e in outcome if e["event"] == "resume")["global_step"] == stopped_at
+        stopped = [e for e in outcome if e["event"] == "stopped"]
+        assert stopped, result.stdout[-3000:]
+        stopped_at = stopped[0]["global_step"]
+        assert (result.returncode, seconds < GRACE) == (launcher_status, True), (seconds, result.stdout[-3000:])
+        assert at_step <= stopped_at < steps
+        assert stopped[0]["checkpoint"] == str(tmp_path / "ckpt" / manifest_name(stopped_at))
+
+    resumed = run(cmd(args), timeout=600)
+    assert next(e for e in events(resumed.stdout) if e["event"] == "resume")["global_step"] == stopped_at
+    assert trained(done_event(resumed)) == reference(world_size)
+
+
+def test_sigterm_to_one_torchrun_worker_stops_both_and_the_agent_restarts_them_where_they_stopped(tmp_path):
+    """Only rank 1 is signalled: both ranks agree, exit 143, and torchrun's own restart resumes the step."""
+    args = ARGS.model_copy(update={"checkpoint_uri": str(tmp_path / "ckpt")})
+    result, _ = _interrupt(torchrun_cmd(args, max_restarts=1), _rank_1, 50, tmp_path / "ckpt", tmp_path / "out")
+    stopped = next(e for e in events(result.stdout) if e["event"] == "stopped")
+    resume = next(e for e in events(result.stdout) if e["event"] == "resume")
+    assert resume["global_step"] == stopped["global_step"] >= 50
+    assert trained(done_event(result)) == reference(2)
+
+
+def test_sigterm_while_s3_hangs_exits_in_a_short_grace_and_the_previous_checkpoint_loads(tmp_path, local_aws):
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    proxy = FaultyProxy(local_aws.port)
+    grace = 5
+    args = ARGS.model_copy(update={"checkpoint_uri": "s3://ckpt/run", "grace_period": grace, "model": "linear",
+                                   "total_epochs": 40})
+    out = tmp_path / "out"
+    trainer = start(python_cmd(args), out, {**local_aws.env, "AWS_ENDPOINT_URL": proxy.endpoint_url})
+    wait_for(lambda: '"event": "checkpoint"' in out.read_text(), what="a first checkpoint")
+    proxy.hold(b"PUT /ckpt/run/ckpt-")  # every later checkpoint upload hangs
+    signalled = time.monotonic()
+    trainer.send_signal(signal.SIGTERM)
+    result = finished(trainer, out, timeout=grace + 30)
+    seconds = time.monotonic() - signalled
+    proxy.close()
+
+    assert (result.returncode, seconds < grace) == (143, True), (seconds, result.stdout[-2000:])
+    stopped = next(e for e in events(result.stdout) if e["event"] == "stopped")
+    saved = [e["step"] for e in events(result.stdout) if e["event"] == "checkpoint"]
+    assert stopped["checkpoint"] == f"s3://ckpt/run/{manifest_name(max(saved))}"
+    assert stopped["global_step"] >= max(saved)
+    assert "grace" in next(e["error"] for e in events(result.stdout) if e["event"] == "checkpoint_failed")
+    latest = Checkpointer(S3Storage("ckpt", "run"), identity(args, 1)).load_latest()
+    assert latest.step == max(saved)
+    resumed = run(python_cmd(args), env=local_aws.env)
+    assert next(e for e in events(resumed.stdout) if e["event"] == "resume")["global_step"] == max(saved)
+    assert trained(done_event(resumed)) == trained(done_event(run(python_cmd(args.model_copy(
+        update={"checkpoint_uri": None})))))
