@@ -1,0 +1,87 @@
+"""Build each component's binaries from its Go module into the cache, skipping what is already built.
+
+Only Go modules are ever downloaded (by the Go toolchain, from the module proxy). A component's directory appears
+once all its binaries are linked, with ``build.json`` recording how long its build took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from sim.paths import bin_dir
+from sim.versions import Component, components
+
+BUILD_RECORD = "build.json"
+
+
+class BuildError(RuntimeError):
+    """A `go build` that failed; the message ends with its last lines of output."""
+
+
+def go_available() -> bool:
+    return shutil.which("go") is not None
+
+
+def built(component: Component) -> Path | None:
+    directory = bin_dir(component.name, component.version)
+    return directory if (directory / BUILD_RECORD).is_file() else None
+
+
+def _go_env() -> dict[str, str]:
+    # the go.mod and go.sum of each module are committed: nothing may rewrite them or fetch another toolchain
+    return {**os.environ, "GOFLAGS": "-mod=readonly -buildvcs=false", "GOTOOLCHAIN": "local"}
+
+
+def build_component(component: Component, say: Callable[[str], None]) -> Path:
+    """Link every binary of ``component`` (one `go build` each, sharing Go's build cache) into its cache folder."""
+    done = built(component)
+    if done:
+        return done
+    target = bin_dir(component.name, component.version)
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    started = time.monotonic()
+    seconds: dict[str, float] = {}
+    for name, package in component.binaries.items():
+        say(f"building {component.name} {component.version}: {name}")
+        began = time.monotonic()
+        command = ["go", "build", "-trimpath", "-ldflags", " ".join(("-s", "-w", *component.ldflags)),
+                   "-o", str(staging / name), package]
+        result = subprocess.run(command, cwd=component.module_dir, env=_go_env(), capture_output=True, text=True)
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            raise BuildError(f"go build {package} (in {component.module_dir}) failed:\n{tail}")
+        seconds[name] = round(time.monotonic() - began, 1)
+        say(f"built {name} in {seconds[name]:.0f}s")
+    record = {"component": component.name, "version": component.version, "seconds": round(time.monotonic() - started, 1),
+              "binaries": seconds}
+    (staging / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def build_all(kubernetes_minor: str, say: Callable[[str], None] = print, only: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Build (or find) every component; returns each component's binary folder by name."""
+    return {
+        component.name: build_component(component, say)
+        for component in components(kubernetes_minor)
+        if not only or component.name in only
+    }
+
+
+def binary(folders: dict[str, Path], component: str, name: str) -> Path:
+    return folders[component] / name
+
+
+if __name__ == "__main__":
+    minor = sys.argv[1] if len(sys.argv) > 1 else "1.35"
+    build_all(minor, only=tuple(sys.argv[2:]))
