@@ -4,7 +4,7 @@ import sys
 
 import typer
 
-from jobs.cli import demo, env, images, plan, render
+from jobs.cli import demo, env, images, plan, render, sim
 from jobs.cli.errors import USAGE_EXIT
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app.command("plan")(plan.plan_command)
 app.command("render")(render.render_command)
 app.add_typer(env.app, name="env")
 app.add_typer(images.app, name="images")
+app.add_typer(sim.app, name="sim")
 
 
 def main() -> None:

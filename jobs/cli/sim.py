@@ -1,0 +1,88 @@
+"""``gpuyard sim``: the stack's Kubernetes layer, Volcano and the training operators on simulated GPU nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from infra.config import ConfigError
+from jobs.cli.errors import fail
+
+app = typer.Typer(help="A simulated cluster: the real control plane, Volcano and operators on kwok GPU nodes.",
+                  no_args_is_help=True)
+
+STACK = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to simulate.")
+
+
+def _sim(stack: str):
+    from sim.build import go_available
+    from sim.cluster import Sim
+
+    if not go_available():
+        fail("gpuyard sim builds its components with Go: no `go` on PATH", 1)
+    return Sim(stack)
+
+
+@app.command("up")
+def up(stack: str = STACK) -> None:
+    """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
+    from sim.build import BuildError
+
+    try:
+        kubeconfig = _sim(stack).up(lambda line: typer.echo(line, err=True))
+    except ConfigError as error:
+        fail(str(error))
+    except (BuildError, RuntimeError) as error:
+        fail(str(error), 1)
+    typer.echo(kubeconfig)
+
+
+@app.command("kubeconfig")
+def kubeconfig(stack: str = STACK) -> None:
+    """Print the path of the simulated cluster's kubeconfig (last line)."""
+    sim = _sim(stack)
+    if not sim.running():
+        fail(f"sim {stack} is not running (gpuyard sim up --stack {stack})", 1)
+    typer.echo(sim.kubeconfig)
+
+
+@app.command("status")
+def status(stack: str = STACK, as_json: bool = typer.Option(False, "--json", help="Status as JSON.")) -> None:
+    """Whether the simulated cluster runs, and its processes."""
+    report = _sim(stack).status()
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+        return
+    typer.echo(f"sim {stack}: {'running' if report['running'] else 'not running'} ({report['state']})")
+    for name, process in report["processes"].items():
+        typer.echo(f"  {name:28} pid {process['pid']:>7}  {'alive' if process['alive'] else 'exited'}")
+
+
+@app.command("down")
+def down(stack: str = STACK) -> None:
+    """Stop every process of the simulated cluster and remove its state folder."""
+    _sim(stack).down()
+    typer.echo(f"sim {stack}: down")
+
+
+@app.command("submit")
+def submit(
+    files: list[Path] = typer.Argument(..., help="Manifests to apply (gpuyard render output)."),
+    stack: str = STACK,
+    wait: float = typer.Option(120, "--wait", help="Seconds to wait for the gang to run."),
+) -> None:
+    """Server-side apply, then follow each job until its gang runs (exit 0) or fails or times out (exit 1)."""
+    from sim.submit import SubmitFailed, submit as submit_jobs
+
+    sim = _sim(stack)
+    if not sim.running():
+        fail(f"sim {stack} is not running (gpuyard sim up --stack {stack})", 1)
+    for path in files:
+        if not path.is_file():
+            fail(f"FILE {path}: no such file")
+    try:
+        submit_jobs(sim, files, wait, lambda line: typer.echo(line, err=True))
+    except SubmitFailed as error:
+        fail(str(error), 1)
