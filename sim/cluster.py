@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from sim import addons, kwok, nodes, stack
+from sim import addons, karpenter, kwok, nodes, stack
 from sim.build import build_all
 from sim.controlplane import ControlPlane
 from sim.kube import Kubectl
@@ -24,9 +24,12 @@ READY = "ready"  # written into the state folder once everything started
 
 @dataclass(frozen=True)
 class Sim:
-    """The simulated cluster of ``stack``."""
+    """The simulated cluster of ``stack``; with ``karpenter`` GPU and CPU nodes come only from Karpenter
+    (sim/karpenter.py), whose NodePools consolidate after ``consolidate_after`` if given (tests) or their own."""
 
     stack: str
+    karpenter: bool = False
+    consolidate_after: str | None = None
 
     @property
     def state(self) -> Path:
@@ -51,7 +54,7 @@ class Sim:
         """Build what is missing, start the cluster unless it runs; returns the kubeconfig."""
         config = load_stack(self.stack)
         bins = build_all(config.cluster.kubernetes_version, say)
-        if self.running():
+        if self.running() and self.karpenter == ("karpenter" in self.supervisor.pids()):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
         self.down()
@@ -71,7 +74,7 @@ class Sim:
         control.start(kwok.write_config(self.state / "kwok.yaml"))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
         resources = plan(self.stack).resources
-        pools = nodes.pools(resources)
+        pools = nodes.pools(resources, karpenter=self.karpenter)
         zones = [f"{config.region}{letter}" for letter in "abcdef"[: config.network.az_count]]
         node_list = list(nodes.node_manifests(pools, config.region, zones))
         say(f"creating {len(node_list)} nodes: " + ", ".join(f"{p.name} {p.count}" for p in pools))
@@ -84,6 +87,9 @@ class Sim:
         say(f"applying the stack's Kubernetes layer ({len(objects)} objects)")
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces)
         kubectl.apply(o for o in objects if stack.simulated(o))
+        if self.karpenter:
+            say("starting Karpenter with its kwok provider")
+            karpenter.start_karpenter(context, resources, config.region, zones, self.consolidate_after)
 
     def down(self) -> None:
         """Stop every server and remove the state folder."""

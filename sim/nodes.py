@@ -24,24 +24,48 @@ class Shape:
     gpu_model: str = ""
     efa: int = 0
     max_pods: int = 110
+    price: float = 0.0  # on-demand USD per hour; Karpenter's simulated provider offers it (sim/karpenter.py)
 
 
 # vCPU / memory / accelerators from the EC2 instance type pages (aws.amazon.com/ec2/instance-types); max pods from
 # the EKS AMI's eni-max-pods.txt (awslabs/amazon-eks-ami, templates/shared/runtime/eni-max-pods.txt), capped at 250
 # as EKS recommends for large instances. One size per family Karpenter may pick: the smallest with a GPU.
+# On-demand prices (USD/hour) from Karpenter's AWS provider (aws/karpenter-provider-aws v1.14.1,
+# pkg/providers/pricing/zz_generated.pricing_aws.go: the us-east-1 table it starts from).
 SHAPES: dict[str, Shape] = {
-    "m6i.large": Shape(2, 8, max_pods=29),
-    "m6i.xlarge": Shape(4, 16, max_pods=58),
-    "c7i.2xlarge": Shape(8, 16, max_pods=58),
-    "m7i.2xlarge": Shape(8, 32, max_pods=58),
-    "r7i.2xlarge": Shape(8, 64, max_pods=58),
-    "g5.xlarge": Shape(4, 16, 1, "NVIDIA-A10G", max_pods=58),
-    "g6.xlarge": Shape(4, 16, 1, "NVIDIA-L4", max_pods=58),
+    "m6i.large": Shape(2, 8, max_pods=29, price=0.096),
+    "m6i.xlarge": Shape(4, 16, max_pods=58, price=0.192),
+    "c7i.2xlarge": Shape(8, 16, max_pods=58, price=0.357),
+    "m7i.2xlarge": Shape(8, 32, max_pods=58, price=0.4032),
+    "r7i.2xlarge": Shape(8, 64, max_pods=58, price=0.5292),
+    "g5.xlarge": Shape(4, 16, 1, "NVIDIA-A10G", max_pods=58, price=1.006),
+    "g6.xlarge": Shape(4, 16, 1, "NVIDIA-L4", max_pods=58, price=0.8048),
     "g6e.xlarge": Shape(4, 32, 1, "NVIDIA-L40S", max_pods=58),
     "p4d.24xlarge": Shape(96, 1152, 8, "NVIDIA-A100-SXM4-40GB", efa=4, max_pods=250),
     "p5.48xlarge": Shape(192, 2048, 8, "NVIDIA-H100-80GB-HBM3", efa=32, max_pods=250),
+    # The other sizes of the dev stack's NodePool families, which Karpenter chooses from (static nodes keep the
+    # first size of each family above). g5 and g6 have the same layout; one EFA interface from 8xlarge up.
+    **{f"{family}.{size}": Shape(cpu, 4 * cpu, gpus, model, efa=int(cpu >= 32), max_pods=pods, price=price)
+       for family, model, sizes in (
+           ("g5", "NVIDIA-A10G", (1.212, 1.624, 2.448, 5.672, 4.096, 8.144, 16.288)),
+           ("g6", "NVIDIA-L4", (0.9776, 1.3232, 2.0144, 4.6016, 3.3968, 6.6752, 13.3504)))
+       for (size, cpu, gpus, pods), price in zip((
+           ("2xlarge", 8, 1, 58), ("4xlarge", 16, 1, 234), ("8xlarge", 32, 1, 234), ("12xlarge", 48, 4, 250),
+           ("16xlarge", 64, 1, 234), ("24xlarge", 96, 4, 250), ("48xlarge", 192, 8, 250)), sizes)},
+    # c7i / m7i / r7i: 2 / 4 / 8 GiB per vCPU, priced in proportion to vCPUs (metal sizes left out).
+    **{f"{family}.{size}": Shape(cpu, gib * cpu, max_pods=pods, price=round(per_vcpu * cpu, 6))
+       for family, gib, per_vcpu in (("c7i", 2, 0.044625), ("m7i", 4, 0.0504), ("r7i", 8, 0.06615))
+       for size, cpu, pods in (("large", 2, 29), ("xlarge", 4, 58), ("4xlarge", 16, 234), ("8xlarge", 32, 234),
+                               ("12xlarge", 48, 250), ("16xlarge", 64, 250), ("24xlarge", 96, 250),
+                               ("48xlarge", 192, 250))},
 }
-FAMILY_SHAPE = {name.split(".")[0]: name for name in SHAPES}
+
+
+def family_of(instance_type: str) -> str:
+    return instance_type.split(".")[0]
+
+
+FAMILY_SHAPE = {family_of(name): name for name in reversed(SHAPES)}  # the first size listed for each family
 
 NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}  # the kwok controller manages nodes with this annotation
 
@@ -92,10 +116,10 @@ def _shape_of(instance_type: str) -> Shape:
         raise ValueError(f"no simulated shape for instance type {instance_type!r} (sim/nodes.py SHAPES)") from None
 
 
-def managed_group_pool(inputs: dict[str, Any]) -> Pool:
+def managed_group_pool(inputs: dict[str, Any], size: str = "maxSize") -> Pool:
     labels = {**inputs.get("labels", {}), "eks.amazonaws.com/nodegroup": inputs["nodeGroupName"],
               "eks.amazonaws.com/capacityType": "ON_DEMAND"}
-    return Pool(inputs["nodeGroupName"], tuple(inputs["instanceTypes"]), inputs["scalingConfig"]["maxSize"], labels,
+    return Pool(inputs["nodeGroupName"], tuple(inputs["instanceTypes"]), inputs["scalingConfig"][size], labels,
                 tuple(_taint(t) for t in inputs.get("taints", [])))
 
 
@@ -128,13 +152,14 @@ def nodepool_pool(manifest: dict[str, Any]) -> Pool:
     return Pool(manifest["metadata"]["name"], types, count, labels, tuple(template["spec"].get("taints", [])))
 
 
-def pools(resources: list) -> list[Pool]:
-    """The node pools of a plan (``infra.plan.plan(stack).resources``)."""
+def pools(resources: list, karpenter: bool = False) -> list[Pool]:
+    """The node pools of a plan (``infra.plan.plan(stack).resources``). With ``karpenter`` (sim/karpenter.py runs
+    it), NodePools have no static nodes and managed groups their ``desiredSize`` (no autoscaler resizes them)."""
     found = []
     for resource in resources:
         if resource.type == "aws:eks/nodeGroup:NodeGroup":
-            found.append(managed_group_pool(resource.inputs))
-        elif resource.type == "kubernetes:karpenter.sh/v1:NodePool":
+            found.append(managed_group_pool(resource.inputs, "desiredSize" if karpenter else "maxSize"))
+        elif resource.type == "kubernetes:karpenter.sh/v1:NodePool" and not karpenter:
             found.append(nodepool_pool(resource.inputs))
     return found
 

@@ -73,4 +73,6 @@ def components(kubernetes_minor: str) -> tuple[Component, ...]:
         }),
         # KubeRay v1.7.0 (the stack's chart) is not served by the Go module proxy (403): v1.6.0 is the newest it has.
         Component("kuberay", "v1.6.0", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
+        # infra/charts.py KARPENTER 1.14.1: Karpenter with its kwok cloud provider (sim/karpenter.py)
+        Component("karpenter", "v1.14.1", {"karpenter": "sigs.k8s.io/karpenter/kwok"}),
     )

@@ -16,22 +16,25 @@ app = typer.Typer(help="A simulated cluster: the real control plane, Volcano and
 STACK = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to simulate.")
 
 
-def _sim(stack: str):
+def _sim(stack: str, karpenter: bool = False):
     from sim.build import go_available
     from sim.cluster import Sim
 
     if not go_available():
         fail("gpuyard sim builds its components with Go: no `go` on PATH", 1)
-    return Sim(stack)
+    return Sim(stack, karpenter=karpenter)
 
 
 @app.command("up")
-def up(stack: str = STACK) -> None:
+def up(
+    stack: str = STACK,
+    karpenter: bool = typer.Option(False, "--karpenter", help="GPU and CPU nodes only from Karpenter's NodePools."),
+) -> None:
     """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
     from sim.build import BuildError
 
     try:
-        kubeconfig = _sim(stack).up(lambda line: typer.echo(line, err=True))
+        kubeconfig = _sim(stack, karpenter).up(lambda line: typer.echo(line, err=True))
     except ConfigError as error:
         fail(str(error))
     except (BuildError, RuntimeError) as error:
