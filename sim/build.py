@@ -78,10 +78,8 @@ def build_all(kubernetes_minor: str, say: Callable[[str], None] = print, only: t
     }
 
 
-def binary(folders: dict[str, Path], component: str, name: str) -> Path:
-    return folders[component] / name
+if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what CI runs before the tests
+    from infra.config import load_stack
 
-
-if __name__ == "__main__":
-    minor = sys.argv[1] if len(sys.argv) > 1 else "1.35"
-    build_all(minor, only=tuple(sys.argv[2:]))
+    build_all(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version,
+              only=tuple(sys.argv[2:]))

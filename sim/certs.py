@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALID_FOR = datetime.timedelta(days=365)
@@ -55,12 +55,14 @@ class Pki:
         return self.directory / "service-account.pub"
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+def _write_key(path: Path, key: rsa.RSAPrivateKey) -> None:
+    # PKCS#1 ("RSA PRIVATE KEY"): what cert-controller parses when it reuses a CA from a webhook Secret
+    # (open-policy-agent/cert-controller pkg/rotator/rotator.go, x509.ParsePKCS1PrivateKey)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
                                        serialization.NoEncryption()))
     path.chmod(0o600)
 
@@ -92,8 +94,9 @@ def _write_cert(path: Path, certificate: x509.Certificate) -> None:
     path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
 
 
-def create(directory: Path) -> Pki:
-    """A fresh CA and the certificates signed by it (idempotent: an existing ``pki/`` is kept)."""
+def create(directory: Path, dns_names: tuple[str, ...] = ()) -> Pki:
+    """A fresh CA and the certificates signed by it (idempotent: an existing ``pki/`` is kept); the serving
+    certificate is also valid for ``dns_names`` (the in-cluster Service names operators check their certificate for)."""
     pki = Pki(directory)
     if pki.service_account_pub.is_file():
         return pki
@@ -103,7 +106,7 @@ def create(directory: Path) -> Pki:
     _write_cert(pki.ca, _certificate(ca_name, ca_key, ca_name, ca_key, ca=True))
     serving_key = _key()
     sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost"),
-            x509.DNSName("kubernetes.default.svc")]
+            *(x509.DNSName(name) for name in ("kubernetes.default.svc", *dns_names))]
     _write_key(pki.serving_key, serving_key)
     _write_cert(pki.serving_cert, _certificate(_name("127.0.0.1"), serving_key, ca_name, ca_key, ca=False,
                                                usage=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans))

@@ -16,24 +16,27 @@ from sim import addons, karpenter, kwok, nodes, stack
 from sim.build import build_all
 from sim.controlplane import ControlPlane
 from sim.kube import Kubectl
-from sim.paths import state_dir
+from sim.paths import bin_dir, state_dir
 from sim.processes import Supervisor
+from sim.versions import kubernetes_tag
 
 READY = "ready"  # written into the state folder once everything started
 
 
 @dataclass(frozen=True)
 class Sim:
-    """The simulated cluster of ``stack``; with ``karpenter`` GPU and CPU nodes come only from Karpenter
-    (sim/karpenter.py), whose NodePools consolidate after ``consolidate_after`` if given (tests) or their own."""
+    """The simulated cluster of ``stack``, its state in ``folder`` (default: the cache's ``state/<stack>``). With
+    ``karpenter`` GPU and CPU nodes come only from Karpenter (sim/karpenter.py), whose NodePools consolidate after
+    ``consolidate_after`` if given (tests) or after their own ``consolidateAfter``."""
 
     stack: str
+    folder: Path | None = None
     karpenter: bool = False
     consolidate_after: str | None = None
 
     @property
     def state(self) -> Path:
-        return state_dir(self.stack)
+        return self.folder or state_dir(self.stack)
 
     @property
     def kubeconfig(self) -> Path:
@@ -42,6 +45,13 @@ class Sim:
     @property
     def supervisor(self) -> Supervisor:
         return Supervisor(self.state)
+
+    def kubectl_binary(self) -> Path:
+        version = kubernetes_tag(load_stack(self.stack).cluster.kubernetes_version)
+        return bin_dir("kubernetes", version) / "kubectl"
+
+    def kubectl(self) -> Kubectl:
+        return Kubectl(self.kubectl_binary(), self.kubeconfig)
 
     def running(self) -> bool:
         """Started completely and every server still alive."""
@@ -71,7 +81,7 @@ class Sim:
         control = ControlPlane(self.state, bins)
         self.state.mkdir(parents=True, exist_ok=True)
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok")
-        control.start(kwok.write_config(self.state / "kwok.yaml"))
+        control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
         resources = plan(self.stack).resources
         pools = nodes.pools(resources, karpenter=self.karpenter)
@@ -80,8 +90,10 @@ class Sim:
         say(f"creating {len(node_list)} nodes: " + ", ".join(f"{p.name} {p.count}" for p in pools))
         kubectl.apply(node_list)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor)
-        say("starting Volcano")
-        addons.start_volcano(context)
+        for name, start in addons.STARTS.items():
+            if name in bins:
+                say(f"starting {name}")
+                start(context)
         objects = stack.kubernetes_objects(resources)
         namespaces = stack.release_namespaces(resources, objects)
         say(f"applying the stack's Kubernetes layer ({len(objects)} objects)")
