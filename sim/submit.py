@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import yaml
 
+from sim import preflight
 from sim.kube import Kubectl, KubectlError
 
 POLL_SECONDS = 0.5
@@ -120,6 +121,10 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
 def submit(sim, files: list[Path], wait: float, say: Callable[[str], None], until: tuple[str, ...] = ("running", "succeeded")) -> None:
     """Apply ``files`` on the simulated cluster ``sim`` and follow every job in them."""
     kubectl = sim.kubectl()
+    try:
+        preflight.check_files(kubectl, files)
+    except preflight.WontFit as error:
+        raise SubmitFailed(f"not applied: {error}") from None
     try:
         say(kubectl.apply_files(files).strip())
     except KubectlError as error:

@@ -53,14 +53,35 @@ def kubeconfig(stack: str = STACK) -> None:
 
 @app.command("status")
 def status(stack: str = STACK, as_json: bool = typer.Option(False, "--json", help="Status as JSON.")) -> None:
-    """Whether the simulated cluster runs, and its processes."""
-    report = _sim(stack).status()
+    """Whether the simulated cluster runs, its processes, nodes by pool and PodGroups by queue."""
+    from sim.report import cluster_report
+
+    sim = _sim(stack)
+    report = sim.status()
+    if report["running"]:
+        report.update(cluster_report(sim.kubectl()))
     if as_json:
         typer.echo(json.dumps(report, indent=1))
         return
     typer.echo(f"sim {stack}: {'running' if report['running'] else 'not running'} ({report['state']})")
     for name, process in report["processes"].items():
         typer.echo(f"  {name:28} pid {process['pid']:>7}  {'alive' if process['alive'] else 'exited'}")
+    if report["running"]:
+        _echo_cluster(report)
+
+
+def _echo_cluster(report: dict) -> None:
+    typer.echo("nodes (pool / capacity type: instance types):")
+    for pool, by_capacity in report["nodes"].items():
+        for capacity_type, types in by_capacity.items():
+            listed = ", ".join(f"{count} {instance_type}" for instance_type, count in types.items())
+            typer.echo(f"  {pool:20} {capacity_type or '-':10} {listed}")
+    typer.echo("podgroups (queue: podgroup phase, pods bound / gang):")
+    for queue, groups in report["podgroups"].items():
+        for group in groups:
+            typer.echo(f"  {queue:12} {group['podgroup']:48} {group['phase']:10} {group['bound']}/{group['min_member']}")
+            for reason in group.get("pending_reasons", []):
+                typer.echo(f"      waiting: {reason}")
 
 
 @app.command("down")
