@@ -72,9 +72,9 @@ def wait_crds(kubectl: Kubectl, crds: Iterable[dict[str, Any]]) -> None:
         kubectl.run("wait", "--for=condition=Established", "--timeout=60s", *names)
 
 
-# Volcano v1.15.1: installer/volcano-development.yaml is the chart (installer/helm/chart/volcano) rendered with its
-# default values, i.e. what the stack's Helm release installs (infra/addons.py passes no values but the scheduler
-# configuration, infra/operators.py VOLCANO_SCHEDULER_CONF).
+# Volcano (v1.14.1, see sim/versions.py): installer/volcano-development.yaml is the chart
+# (installer/helm/chart/volcano) rendered with its default values, i.e. what the stack's Helm release installs but
+# for the scheduler configuration, which comes from infra/operators.py VOLCANO_SCHEDULER_CONF.
 VOLCANO_MODULE = "volcano.sh/volcano"
 
 

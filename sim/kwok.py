@@ -3,7 +3,8 @@
 Nodes and pods follow kwok's own "fast" stages (sigs.k8s.io/kwok v0.8.0, kustomize/stage/node/fast,
 node/heartbeat, pod/fast: the ones `kwokctl` uses by default), except that a training pod's containers complete
 (exit 0) a few seconds after it runs, whatever owns it, so jobs reach Succeeded. kwok's own pod-complete only
-completes pods owned by a batch Job.
+completes pods owned by a batch Job. Ray's head and worker pods are servers, not training processes: they keep
+running until KubeRay deletes their RayCluster (the RayJob's submitter, a batch Job's pod, completes).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     stage["metadata"]["name"] = "gpuyard-training-complete"
     expressions = [e for e in stage["spec"]["selector"]["matchExpressions"] if "ownerReferences" not in e["key"]]
     expressions.append({"key": f'.metadata.labels["{LABEL_PART_OF}"]', "operator": "In", "values": [PART_OF]})
+    # KubeRay labels every RayCluster pod with its node type (ray-operator/controllers/ray/utils/constant.go
+    # RayNodeTypeLabelKey)
+    expressions.append({"key": '.metadata.labels["ray.io/node-type"]', "operator": "DoesNotExist"})
     stage["spec"]["selector"]["matchExpressions"] = expressions
     stage["spec"]["delay"] = {"durationMilliseconds": TRAINING_RUNS_MILLISECONDS}
     return stage

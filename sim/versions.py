@@ -61,7 +61,8 @@ def components(kubernetes_minor: str) -> tuple[Component, ...]:
         Component("kubernetes", tag, {name: f"k8s.io/kubernetes/cmd/{name}" for name in kube}, kubernetes_ldflags(tag)),
         Component("etcd", "v3.6.5", {"etcd": "go.etcd.io/etcd/server/v3"}),  # the etcd k8s v1.35.4's go.mod requires
         Component("kwok", "v0.8.0", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
-        Component("volcano", "v1.15.1", volcano),
+        # v1.15.1 (the stack's chart) needs volcano.sh/apis v1.15.x, which the Go module proxy does not serve (403)
+        Component("volcano", "v1.14.1", volcano),
         Component("mpi-operator", "v0.8.0", {"mpi-operator": "github.com/kubeflow/mpi-operator/cmd/mpi-operator"}),
         Component(
             "training-operator", "v1.9.4",

@@ -94,3 +94,49 @@ def test_job_runs_as_a_gang_then_succeeds(sim, tmp_path, team, kind):
     assert all(p["spec"].get("nodeName") for p in pods)
     submit(sim, [path], 180, said.append, until=("succeeded",))
     assert any("gang running" in line for line in said) or any("gang succeeded" in line for line in said), said
+
+
+def _with(path: Path, edit) -> Path:
+    manifest = yaml.safe_load(path.read_text())
+    edit(manifest)
+    path.write_text(yaml.dump(manifest, Dumper=yaml.CSafeDumper, sort_keys=False))
+    return path
+
+
+def test_leading_digit_name_is_denied_by_the_training_operator_webhook(sim, tmp_path):
+    # kubeflow/training-operator v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label
+    path = _with(_rendered(tmp_path, "vision", "pytorchjob"), lambda m: m["metadata"].update(name="1-vision-job"))
+    with pytest.raises(SubmitFailed) as denied:
+        submit(sim, [path], 30, print)
+    assert "admission denied" in str(denied.value)
+    assert 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request' in str(denied.value)
+    assert "DNS-1035" in str(denied.value)
+
+
+def test_gang_beyond_queue_capability_stays_unscheduled_and_names_the_queue(sim, tmp_path):
+    team = CONFIG.team("nlp")  # queue capability nvidia.com/gpu = gpu_quota 8
+    path = _rendered(tmp_path, "nlp", "volcanojob", name="nlp-too-big", nodes=team.gpu_quota + 1)
+    with pytest.raises(SubmitFailed) as refused:
+        submit(sim, [path], 30, print)
+    message = str(refused.value)
+    assert "not running after 30s" in message
+    assert f"queue {team.queue}" in message
+    pods = sim.kubectl().items("pods", namespace=team.namespace, selector="gpuyard.io/job=nlp-too-big")
+    assert not any(p["spec"].get("nodeName") for p in pods)  # never part of a gang
+
+
+def test_privileged_team_pod_is_denied(sim, tmp_path, resources):
+    namespace = CONFIG.team("vision").namespace
+    declared = next(o for o in stack.kubernetes_objects(resources)
+                    if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace)
+    if "pod-security.kubernetes.io/enforce" not in declared["metadata"].get("labels", {}):
+        pytest.skip(f"the stack declares no Pod Security level on {namespace} yet (issue 11)")
+
+    def privileged(manifest):
+        for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+            spec["template"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+
+    path = _with(_rendered(tmp_path, "vision", "pytorchjob", name="vision-privileged"), privileged)
+    with pytest.raises(SubmitFailed) as denied:
+        submit(sim, [path], 30, print)
+    assert "privileged" in str(denied.value)
