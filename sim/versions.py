@@ -18,6 +18,17 @@ KUBERNETES_PATCHES = {"1.35": "v1.35.4"}
 
 
 @dataclass(frozen=True)
+class Patch:
+    """One text replacement in a file of an upstream module, applied at build time to a copy of the module that a
+    go.work puts in its place (sim/build.py; the module cache stays untouched); the build fails without ``old``."""
+
+    module: str
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
 class Component:
     """A Go module of ours under sim/go/<name> and the main packages it builds (its go.mod's ``tool`` lines)."""
 
@@ -25,6 +36,7 @@ class Component:
     version: str
     binaries: dict[str, str]  # binary name -> main package
     ldflags: tuple[str, ...] = ()
+    patches: tuple[Patch, ...] = ()
 
     @property
     def module_dir(self) -> Path:
@@ -74,6 +86,10 @@ def components(kubernetes_minor: str) -> tuple[Component, ...]:
         }),
         # KubeRay v1.7.0 (the stack's chart) is not served by the Go module proxy (403): v1.6.0 is the newest it has.
         Component("kuberay", "v1.6.0", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
-        # infra/charts.py KARPENTER 1.14.1: Karpenter with its kwok cloud provider (sim/karpenter.py)
-        Component("karpenter", "v1.14.1", {"karpenter": "sigs.k8s.io/karpenter/kwok"}),
+        # infra/charts.py KARPENTER 1.14.1: Karpenter with its kwok cloud provider (sim/karpenter.py). Its
+        # pkg/operator/operator.go binds the metrics and health probe servers to ":<port>" (every interface) and no
+        # setting changes the host: the patch makes it 127.0.0.1.
+        Component("karpenter", "v1.14.1", {"karpenter": "sigs.k8s.io/karpenter/kwok"}, patches=(
+            Patch("sigs.k8s.io/karpenter", "pkg/operator/operator.go", 'fmt.Sprintf(":%d"', 'fmt.Sprintf("127.0.0.1:%d"'),
+        )),
     )
