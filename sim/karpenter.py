@@ -129,7 +129,7 @@ def environment(context: Context, instance_types_file: Path) -> dict[str, str]:
     return {
         "KUBECONFIG": str(context.kubeconfig), "SYSTEM_NAMESPACE": NAMESPACE,
         "DISABLE_LEADER_ELECTION": "true",  # one replica here (the stack's chart runs two with a lease)
-        # pkg/operator/operator.go binds both to ":<port>" (every interface): no setting narrows it to 127.0.0.1.
+        # on 127.0.0.1: the build patches pkg/operator/operator.go's ":<port>" (sim/versions.py)
         "METRICS_PORT": str(free_port()), "HEALTH_PROBE_PORT": str(free_port()),
         "INSTANCE_TYPES_FILE_PATH": str(instance_types_file), "LOG_LEVEL": "debug",
     }
