@@ -112,10 +112,9 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
         raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")
     if phase in SUCCEEDED:
         return "succeeded"
+    # Volcano's PodGroup is Running once minMember of its pods run: the gang (TrainJob has no Running condition)
     gang_running = podgroups and all((g.get("status") or {}).get("phase") in ("Running", "Completed") for g in podgroups)
-    if gang_running and phase in ("Running", "RUNNING"):
-        return "running"
-    return None
+    return "running" if gang_running and len(bound) == len(pods) else None
 
 
 def submit(sim, files: list[Path], wait: float, say: Callable[[str], None], until: tuple[str, ...] = ("running", "succeeded")) -> None:
