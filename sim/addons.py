@@ -99,11 +99,14 @@ def start_volcano(context: Context) -> None:
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     pki = context.pki
-    common = {"kubeconfig": str(context.kubeconfig), "healthz-address": f"{LOCAL}:{free_port()}"}
+
+    def common() -> dict[str, str]:
+        return {"kubeconfig": str(context.kubeconfig), "healthz-address": f"{LOCAL}:{free_port()}"}
+
     context.supervisor.start("vc-webhook-manager", [
         context.binary("volcano", "vc-webhook-manager"),
         *merged_args(container_args(manifests, "volcano-admission"), {
-            **common, "tls-cert-file": str(pki.serving_cert), "tls-private-key-file": str(pki.serving_key),
+            **common(), "tls-cert-file": str(pki.serving_cert), "tls-private-key-file": str(pki.serving_key),
             "ca-cert-file": str(pki.ca), "admission-conf": str(admission_conf),
             "webhook-url": f"https://{LOCAL}:{port}", "listen-address": LOCAL, "port": str(port),
         }, drop=("webhook-namespace", "webhook-service-name")),
@@ -111,12 +114,12 @@ def start_volcano(context: Context) -> None:
     context.supervisor.start("vc-controller-manager", [
         context.binary("volcano", "vc-controller-manager"),
         *merged_args(container_args(manifests, "volcano-controllers"),
-                     {**common, "listen-address": f"{LOCAL}:{free_port()}"}),
+                     {**common(), "listen-address": f"{LOCAL}:{free_port()}"}),
     ])
     context.supervisor.start("vc-scheduler", [
         context.binary("volcano", "vc-scheduler"),
         *merged_args(container_args(manifests, "volcano-scheduler"),
-                     {**common, "scheduler-conf": str(scheduler_conf), "listen-address": f"{LOCAL}:{free_port()}"}),
+                     {**common(), "scheduler-conf": str(scheduler_conf), "listen-address": f"{LOCAL}:{free_port()}"}),
     ])
     wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("vc-webhook-manager"))
 
