@@ -104,10 +104,12 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     bound = [p for p in pods if p["spec"].get("nodeName")]
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
+    unscheduled: dict[str, list[str]] = {}
     for pod in pods:
         for condition in (pod.get("status") or {}).get("conditions", []):
             if condition["type"] == "PodScheduled" and condition["status"] == "False" and condition.get("message"):
-                reasons.append(f"pod {pod['metadata']['name']}: {condition['message']}")
+                unscheduled.setdefault(condition["message"], []).append(pod["metadata"]["name"])
+    reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
     reasons += _warnings(kubectl, watch.namespace, watch.kind, watch.name)
     watch.reason = "; ".join(dict.fromkeys(reasons))
     if phase in FAILED:

@@ -15,6 +15,7 @@ from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from sim import nodes, stack
 from sim.cluster import Sim
+from sim.processes import zombie, alive
 from sim.submit import SubmitFailed, submit
 
 pytestmark = [
@@ -31,8 +32,10 @@ def sim(tmp_path_factory):
     cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
     cluster.up(print)
     yield cluster
+    started = cluster.supervisor.pids()
     cluster.down()
     assert not cluster.state.exists()
+    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
 
 
 @pytest.fixture(scope="session")
