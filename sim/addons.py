@@ -8,6 +8,7 @@ in-cluster Service names, leader election namespaces, ports) is replaced by loca
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -66,10 +67,18 @@ def container_args(manifests: Iterable[dict[str, Any]], deployment: str) -> list
     raise KeyError(f"no Deployment {deployment!r} in the upstream manifests")
 
 
-def wait_crds(kubectl: Kubectl, crds: Iterable[dict[str, Any]]) -> None:
-    names = [f"crd/{crd['metadata']['name']}" for crd in crds]
-    if names:
-        kubectl.run("wait", "--for=condition=Established", "--timeout=60s", *names)
+def wait_crds(kubectl: Kubectl, crds: Iterable[dict[str, Any]], timeout: float = 60) -> None:
+    """Wait until the API server serves every CRD (kubectl wait fails on a CRD that has no conditions yet)."""
+    waiting = {crd["metadata"]["name"] for crd in crds}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        for crd in kubectl.items("customresourcedefinitions"):
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                waiting.discard(crd["metadata"]["name"])
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"CRDs not established after {timeout:.0f}s: {', '.join(sorted(waiting))}")
+        time.sleep(0.2 if waiting else 0)
 
 
 # Volcano (v1.14.1, see sim/versions.py): installer/volcano-development.yaml is the chart
