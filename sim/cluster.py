@@ -77,7 +77,8 @@ class Sim:
         control = ControlPlane(self.state, bins)
         self.state.mkdir(parents=True, exist_ok=True)
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok")
-        control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,))
+        control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,),
+                      (addons.TRAINING_OPERATOR_CA,))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
         resources = plan(self.stack).resources
         pools = nodes.pools(resources)
@@ -97,9 +98,11 @@ class Sim:
         kubectl.apply(o for o in objects if stack.simulated(o))
 
     def down(self) -> None:
-        """Stop every server and remove the state folder."""
+        """Stop every server and remove the state folder (and the folders upstream hard-codes outside it)."""
         if self.state.is_dir():
             self.supervisor.stop_all()
+            for path in addons.outside_folders(self.state):
+                shutil.rmtree(path, ignore_errors=True)
             shutil.rmtree(self.state)
 
     def status(self) -> dict[str, Any]:
