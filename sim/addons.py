@@ -8,6 +8,8 @@ in-cluster Service names, leader election namespaces, ports) is replaced by loca
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,6 +23,7 @@ from sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
 
 WEBHOOK_READY_SECONDS = 60
 LOCAL = "127.0.0.1"
+OUTSIDE = "outside.json"  # folders an upstream binary hard-codes outside the state folder, removed by `down`
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,15 @@ class Context:
         path = self.state / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def outside_folders(state: Path) -> list[Path]:
+    path = state / OUTSIDE
+    return [Path(p) for p in json.loads(path.read_text())] if path.is_file() else []
+
+
+def _record_outside(state: Path, folder: Path) -> None:
+    (state / OUTSIDE).write_text(json.dumps(sorted({*map(str, outside_folders(state)), str(folder)})))
 
 
 def flag_name(arg: str) -> str:
@@ -66,10 +78,18 @@ def container_args(manifests: Iterable[dict[str, Any]], deployment: str) -> list
     raise KeyError(f"no Deployment {deployment!r} in the upstream manifests")
 
 
-def wait_crds(kubectl: Kubectl, crds: Iterable[dict[str, Any]]) -> None:
-    names = [f"crd/{crd['metadata']['name']}" for crd in crds]
-    if names:
-        kubectl.run("wait", "--for=condition=Established", "--timeout=60s", *names)
+def wait_crds(kubectl: Kubectl, crds: Iterable[dict[str, Any]], timeout: float = 60) -> None:
+    """Wait until the API server serves every CRD (kubectl wait fails on a CRD that has no conditions yet)."""
+    waiting = {crd["metadata"]["name"] for crd in crds}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        for crd in kubectl.items("customresourcedefinitions"):
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                waiting.discard(crd["metadata"]["name"])
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"CRDs not established after {timeout:.0f}s: {', '.join(sorted(waiting))}")
+        time.sleep(0.2 if waiting else 0)
 
 
 # Volcano (v1.14.1, see sim/versions.py): installer/volcano-development.yaml is the chart
@@ -99,11 +119,14 @@ def start_volcano(context: Context) -> None:
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     pki = context.pki
-    common = {"kubeconfig": str(context.kubeconfig), "healthz-address": f"{LOCAL}:{free_port()}"}
+
+    def common() -> dict[str, str]:
+        return {"kubeconfig": str(context.kubeconfig), "healthz-address": f"{LOCAL}:{free_port()}"}
+
     context.supervisor.start("vc-webhook-manager", [
         context.binary("volcano", "vc-webhook-manager"),
         *merged_args(container_args(manifests, "volcano-admission"), {
-            **common, "tls-cert-file": str(pki.serving_cert), "tls-private-key-file": str(pki.serving_key),
+            **common(), "tls-cert-file": str(pki.serving_cert), "tls-private-key-file": str(pki.serving_key),
             "ca-cert-file": str(pki.ca), "admission-conf": str(admission_conf),
             "webhook-url": f"https://{LOCAL}:{port}", "listen-address": LOCAL, "port": str(port),
         }, drop=("webhook-namespace", "webhook-service-name")),
@@ -111,12 +134,12 @@ def start_volcano(context: Context) -> None:
     context.supervisor.start("vc-controller-manager", [
         context.binary("volcano", "vc-controller-manager"),
         *merged_args(container_args(manifests, "volcano-controllers"),
-                     {**common, "listen-address": f"{LOCAL}:{free_port()}"}),
+                     {**common(), "listen-address": f"{LOCAL}:{free_port()}"}),
     ])
     context.supervisor.start("vc-scheduler", [
         context.binary("volcano", "vc-scheduler"),
         *merged_args(container_args(manifests, "volcano-scheduler"),
-                     {**common, "scheduler-conf": str(scheduler_conf), "listen-address": f"{LOCAL}:{free_port()}"}),
+                     {**common(), "scheduler-conf": str(scheduler_conf), "listen-address": f"{LOCAL}:{free_port()}"}),
     ])
     wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("vc-webhook-manager"))
 
@@ -160,11 +183,16 @@ def start_mpi_operator(context: Context) -> None:
 # Training Operator v1.9.4: manifests/overlays/standalone is what the stack's kustomization
 # (infra/manifests/training-operator) builds on: namespace kubeflow, every CRD but mpijobs.kubeflow.org (MPI Operator
 # serves it), the validating webhooks. Its cert rotation (pkg/cert/cert.go) always runs: it keeps the CA and
-# certificate of Secret kubeflow/training-operator-webhook-cert when they are valid for training-operator.kubeflow.svc,
-# writes them to /tmp/k8s-webhook-server/serving-certs (a fixed path) and injects the CA into the webhooks.
+# certificate of Secret kubeflow/training-operator-webhook-cert when they are valid (the CA for its CA name, the
+# certificate for training-operator.kubeflow.svc; open-policy-agent/cert-controller v0.16.0 pkg/rotator/rotator.go
+# refreshCertIfNeeded), injects the CA into the webhooks and waits for the Secret to be mounted at
+# /tmp/k8s-webhook-server/serving-certs (a fixed path, ensureCertsMounted) before it serves.
 # The webhook server binds every interface (webhook.Options sets only the port).
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 TRAINING_OPERATOR_SERVICE = "training-operator.kubeflow.svc"
+TRAINING_OPERATOR_CA = "training-operator-ca"  # pkg/cert/cert.go caName
+# pkg/cert/cert.go certDir, where the Pod mounts the Secret: the kubelet's part, played by the simulation
+TRAINING_OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 
 
 def start_training_operator(context: Context) -> None:
@@ -175,6 +203,8 @@ def start_training_operator(context: Context) -> None:
     context.kubectl.apply(of_kind(manifests, "Namespace") + crds)
     wait_crds(context.kubectl, crds)
     context.kubectl.apply([webhook_secret("kubeflow", "training-operator-webhook-cert", context.pki)])
+    _record_outside(context.state, TRAINING_OPERATOR_CERT_DIR.parent)
+    _serving_certs(TRAINING_OPERATOR_CERT_DIR, context.pki)
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     context.supervisor.start("training-operator", [

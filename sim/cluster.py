@@ -81,7 +81,8 @@ class Sim:
         control = ControlPlane(self.state, bins)
         self.state.mkdir(parents=True, exist_ok=True)
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok")
-        control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,))
+        control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,),
+                      (addons.TRAINING_OPERATOR_CA,))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
         resources = plan(self.stack).resources
         pools = nodes.pools(resources, karpenter=self.karpenter)
@@ -104,9 +105,11 @@ class Sim:
             karpenter.start_karpenter(context, resources, config.region, zones, self.consolidate_after)
 
     def down(self) -> None:
-        """Stop every server and remove the state folder."""
+        """Stop every server and remove the state folder (and the folders upstream hard-codes outside it)."""
         if self.state.is_dir():
             self.supervisor.stop_all()
+            for path in addons.outside_folders(self.state):
+                shutil.rmtree(path, ignore_errors=True)
             shutil.rmtree(self.state)
 
     def status(self) -> dict[str, Any]:

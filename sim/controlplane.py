@@ -63,11 +63,11 @@ class ControlPlane:
         }
         self.kubeconfig.write_text(yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False))
 
-    def start(self, kwok_config: Path, webhook_services: tuple[str, ...] = ()) -> None:
+    def start(self, kwok_config: Path, webhook_services: tuple[str, ...] = (), ca_names: tuple[str, ...] = ()) -> None:
         """Start every server (ports chosen now) and wait until the API server is ready; the serving certificate
         is also valid for ``webhook_services`` (in-cluster names some operators check their certificate for)."""
         self.state.mkdir(parents=True, exist_ok=True)
-        pki = certs.create(self.state / "pki", webhook_services)
+        pki = certs.create(self.state / "pki", webhook_services, ca_names)
         names = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
         ports = {name: free_port() for name in names}
         (self.state / PORTS).write_text(json.dumps(ports, indent=1) + "\n")

@@ -21,7 +21,7 @@ from sim.upstream import documents, module_dir
 KWOK_MODULE = "sigs.k8s.io/kwok"
 STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-ready.yaml",
           "pod/fast/pod-delete.yaml")
-TRAINING_RUNS_MILLISECONDS = 6000
+TRAINING_RUNS_MILLISECONDS = 10000
 
 
 def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:

@@ -102,6 +102,7 @@ class Pool:
     count: int
     labels: dict[str, str]
     taints: tuple[dict[str, str], ...]
+    capacity_types: tuple[str, ...] = ()  # a NodePool's nodes take these in turn (karpenter.sh/capacity-type)
 
 
 def _taint(taint: dict[str, Any]) -> dict[str, str]:
@@ -146,10 +147,10 @@ def nodepool_pool(manifest: dict[str, Any]) -> Pool:
         for key in used:
             used[key] += adds.get(key, 0)
         count += 1
-    capacity_types = _requirement(requirements, LABEL_CAPACITY_TYPE) or ["on-demand"]
-    labels = {**template.get("metadata", {}).get("labels", {}), LABEL_NODEPOOL: manifest["metadata"]["name"],
-              LABEL_CAPACITY_TYPE: capacity_types[0]}
-    return Pool(manifest["metadata"]["name"], types, count, labels, tuple(template["spec"].get("taints", [])))
+    capacity_types = tuple(_requirement(requirements, LABEL_CAPACITY_TYPE) or ["on-demand"])
+    labels = {**template.get("metadata", {}).get("labels", {}), LABEL_NODEPOOL: manifest["metadata"]["name"]}
+    return Pool(manifest["metadata"]["name"], types, count, labels, tuple(template["spec"].get("taints", [])),
+                capacity_types)
 
 
 def pools(resources: list, karpenter: bool = False) -> list[Pool]:
@@ -178,6 +179,8 @@ def node_manifests(pool_list: list[Pool], region: str, zones: list[str]) -> Iter
                 "topology.kubernetes.io/zone": zone, "karpenter.k8s.aws/instance-family": instance_type.split(".")[0],
                 "type": "kwok",
             }
+            if pool.capacity_types:
+                labels[LABEL_CAPACITY_TYPE] = pool.capacity_types[index % len(pool.capacity_types)]
             if shape.gpus:
                 labels["nvidia.com/gpu.product"] = shape.gpu_model
                 labels["nvidia.com/gpu.count"] = str(shape.gpus)

@@ -66,7 +66,7 @@ class Supervisor:
     def check(self, name: str) -> None:
         """Raise with the tail of its log if the server ``name`` has exited."""
         pid = self.pids().get(name)
-        if pid is None or not alive(pid) or _zombie(pid):
+        if pid is None or not alive(pid) or zombie(pid):
             tail = "\n".join((self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-20:])
             raise RuntimeError(f"{name} exited; the end of {self.logs / (name + '.log')}:\n{tail}")
 
@@ -85,7 +85,7 @@ class Supervisor:
         (self.state / PIDS).unlink(missing_ok=True)
 
 
-def _zombie(pid: int) -> bool:
+def zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (FileNotFoundError, IndexError):
@@ -104,7 +104,7 @@ def _group_alive(pid: int) -> bool:
         os.killpg(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return not _zombie(pid)
+    return not zombie(pid)
 
 
 def _reap(pids) -> None:

@@ -72,10 +72,14 @@ def _jobs(files: list[Path]) -> list[Watch]:
     return watches
 
 
-def _warnings(kubectl: Kubectl, namespace: str, names: set[str]) -> list[str]:
-    events = kubectl.items("events", namespace=namespace)
-    return [f"{e['involvedObject']['kind']} {e['involvedObject']['name']}: {e.get('reason')}: {e.get('message', '').strip()}"
-            for e in events if e.get("type") == "Warning" and e["involvedObject"].get("name") in names]
+def _warnings(kubectl: Kubectl, namespace: str, kind: str, name: str) -> list[str]:
+    """The job's latest Warning event per reason (its operator's failures to create pods: quota, admission)."""
+    latest: dict[str, str] = {}
+    for event in kubectl.items("events", namespace=namespace):
+        involved = event["involvedObject"]
+        if event.get("type") == "Warning" and involved.get("kind") == kind and involved.get("name") == name:
+            latest[event.get("reason", "")] = f"{kind} {name}: {event.get('reason')}: {event.get('message', '').strip()}"
+    return list(latest.values())
 
 
 def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | None:
@@ -101,12 +105,13 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     bound = [p for p in pods if p["spec"].get("nodeName")]
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
+    unscheduled: dict[str, list[str]] = {}
     for pod in pods:
         for condition in (pod.get("status") or {}).get("conditions", []):
             if condition["type"] == "PodScheduled" and condition["status"] == "False" and condition.get("message"):
-                reasons.append(f"pod {pod['metadata']['name']}: {condition['message']}")
-    names = {watch.name} | {g["metadata"]["name"] for g in podgroups} | {p["metadata"]["name"] for p in pods}
-    reasons += _warnings(kubectl, watch.namespace, names)
+                unscheduled.setdefault(condition["message"], []).append(pod["metadata"]["name"])
+    reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
+    reasons += _warnings(kubectl, watch.namespace, watch.kind, watch.name)
     watch.reason = "; ".join(dict.fromkeys(reasons))
     if phase in FAILED:
         raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")

@@ -15,6 +15,7 @@ from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from sim import nodes, stack
 from sim.cluster import Sim
+from sim.processes import zombie, alive
 from sim.submit import SubmitFailed, submit
 
 pytestmark = [
@@ -31,8 +32,10 @@ def sim(tmp_path_factory):
     cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
     cluster.up(print)
     yield cluster
+    started = cluster.supervisor.pids()
     cluster.down()
     assert not cluster.state.exists()
+    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +77,13 @@ def _rendered(tmp_path: Path, team: str, kind: str, **overrides) -> Path:
     return path
 
 
+def _gang_size(manifest: dict, pods: int) -> int:
+    """The gang the template declares (Volcano Job minAvailable, runPolicy.schedulingPolicy.minAvailable), else every pod."""
+    spec = manifest["spec"]
+    declared = spec.get("minAvailable") or spec.get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable")
+    return declared or pods
+
+
 JOBS = [(team.name, kind) for team in CONFIG.teams for kind in stack_kinds(CONFIG)]
 
 
@@ -90,7 +100,7 @@ def test_job_runs_as_a_gang_then_succeeds(sim, tmp_path, team, kind):
               if g["metadata"]["name"] in {p["metadata"]["annotations"].get("scheduling.k8s.io/group-name") for p in pods}]
     assert groups, said
     assert {g["spec"]["queue"] for g in groups} == {CONFIG.team(team).queue}
-    assert sum(g["spec"]["minMember"] for g in groups) == len(pods)
+    assert sum(g["spec"]["minMember"] for g in groups) == _gang_size(manifest, len(pods))
     assert all(p["spec"].get("nodeName") for p in pods)
     submit(sim, [path], 180, said.append, until=("succeeded",))
     assert any("gang running" in line for line in said) or any("gang succeeded" in line for line in said), said

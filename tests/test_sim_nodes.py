@@ -20,7 +20,9 @@ def test_dev_pools_follow_the_stack(dev_pools):
     assert dev_pools["gpu-small"].count == 2 and dev_pools["gpu-small"].instance_types == ("g5.xlarge", "g6.xlarge")
     # NodePools: as many 1-GPU nodes as their nvidia.com/gpu limit (8), cpu as many 8-vCPU nodes as 64 vCPUs
     assert dev_pools["gpu-on-demand"].count == 8 and dev_pools["gpu-spot"].count == 8 and dev_pools["cpu"].count == 8
-    assert dev_pools["gpu-spot"].labels["karpenter.sh/capacity-type"] == "spot"
+    assert dev_pools["gpu-spot"].capacity_types == ("spot",)
+    cpu_nodes = nodes.node_manifests([dev_pools["cpu"]], "us-west-2", ["us-west-2a"])
+    assert {n["metadata"]["labels"]["karpenter.sh/capacity-type"] for n in cpu_nodes} == {"spot", "on-demand"}
     assert dev_pools["gpu-small"].taints == ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},)
     assert dev_pools["cpu"].taints == ()
 
