@@ -132,14 +132,15 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
 
 
 def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
-           until: tuple[str, ...] = ("running", "succeeded")) -> list[Watch]:
-    """Apply ``files`` on the simulated cluster ``sim`` and follow every job in them until each is in ``until``;
-    returns what was seen of each job."""
+           until: tuple[str, ...] = ("running", "succeeded"), apply: bool = True) -> list[Watch]:
+    """Apply ``files`` on the simulated cluster ``sim`` (unless ``apply`` is false: follow only) and follow every job
+    in them until each is in ``until``; returns what was seen of each job."""
     kubectl = sim.kubectl()
-    try:
-        say(kubectl.apply_files(files).strip())
-    except KubectlError as error:
-        raise SubmitFailed(f"admission denied: {error}") from None
+    if apply:
+        try:
+            say(kubectl.apply_files(files).strip())
+        except KubectlError as error:
+            raise SubmitFailed(f"admission denied: {error}") from None
     watches = _jobs(files)
     pending = list(watches)
     deadline = time.monotonic() + wait
