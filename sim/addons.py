@@ -168,9 +168,24 @@ def webhook_secret(namespace: str, name: str, pki: Pki) -> dict[str, Any]:
 # (infra/manifests/mpi-operator), its args replaced by infra/operators.py MPI_OPERATOR_ARGS. No webhooks.
 # Its health server listens on :8080, hard-coded (cmd/mpi-operator/app/server.go healthCheckPort).
 MPI_OPERATOR_MODULE = "github.com/kubeflow/mpi-operator"
+MPI_OPERATOR_HEALTH_PORT = 8080
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def start_mpi_operator(context: Context) -> None:
+    if not _port_free(MPI_OPERATOR_HEALTH_PORT):
+        raise RuntimeError(f"MPI Operator v0.8.0 needs port {MPI_OPERATOR_HEALTH_PORT} (its health server's, hard-coded), "
+                           "which is in use (another gpuyard sim?)")
     manifests = list(documents(module_dir("mpi-operator", MPI_OPERATOR_MODULE) / "deploy" / "v2beta1" / "mpi-operator.yaml"))
     crds = of_kind(manifests, "CustomResourceDefinition")
     context.kubectl.apply(of_kind(manifests, "Namespace") + crds)
