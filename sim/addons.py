@@ -168,9 +168,24 @@ def webhook_secret(namespace: str, name: str, pki: Pki) -> dict[str, Any]:
 # (infra/manifests/mpi-operator), its args replaced by infra/operators.py MPI_OPERATOR_ARGS. No webhooks.
 # Its health server listens on :8080, hard-coded (cmd/mpi-operator/app/server.go healthCheckPort).
 MPI_OPERATOR_MODULE = "github.com/kubeflow/mpi-operator"
+MPI_OPERATOR_HEALTH_PORT = 8080
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def start_mpi_operator(context: Context) -> None:
+    if not _port_free(MPI_OPERATOR_HEALTH_PORT):
+        raise RuntimeError(f"MPI Operator v0.8.0 needs port {MPI_OPERATOR_HEALTH_PORT} (its health server's, hard-coded), "
+                           "which is in use (another gpuyard sim?)")
     manifests = list(documents(module_dir("mpi-operator", MPI_OPERATOR_MODULE) / "deploy" / "v2beta1" / "mpi-operator.yaml"))
     crds = of_kind(manifests, "CustomResourceDefinition")
     context.kubectl.apply(of_kind(manifests, "Namespace") + crds)
@@ -185,8 +200,9 @@ def start_mpi_operator(context: Context) -> None:
 # serves it), the validating webhooks. Its cert rotation (pkg/cert/cert.go) always runs: it keeps the CA and
 # certificate of Secret kubeflow/training-operator-webhook-cert when they are valid (the CA for its CA name, the
 # certificate for training-operator.kubeflow.svc; open-policy-agent/cert-controller v0.16.0 pkg/rotator/rotator.go
-# refreshCertIfNeeded), injects the CA into the webhooks and waits for the Secret to be mounted at
-# /tmp/k8s-webhook-server/serving-certs (a fixed path, ensureCertsMounted) before it serves.
+# refreshCertIfNeeded), injects the CA into the webhooks and waits for a tls.crt at
+# /tmp/k8s-webhook-server/serving-certs (a fixed path, ensureCertsMounted) before it serves; the webhook server
+# itself reads controller-runtime's default folder under $TMPDIR, which the simulation points into its state folder.
 # The webhook server binds every interface (webhook.Options sets only the port).
 TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 TRAINING_OPERATOR_SERVICE = "training-operator.kubeflow.svc"
@@ -203,15 +219,18 @@ def start_training_operator(context: Context) -> None:
     context.kubectl.apply(of_kind(manifests, "Namespace") + crds)
     wait_crds(context.kubectl, crds)
     context.kubectl.apply([webhook_secret("kubeflow", "training-operator-webhook-cert", context.pki)])
-    _record_outside(context.state, TRAINING_OPERATOR_CERT_DIR.parent)
-    _serving_certs(TRAINING_OPERATOR_CERT_DIR, context.pki)
+    folder = context.folder("training-operator")
+    _serving_certs(folder / "k8s-webhook-server" / "serving-certs", context.pki)  # what the webhook server reads
+    if not (TRAINING_OPERATOR_CERT_DIR / "tls.crt").exists():  # what the rotator waits for; another sim's will do
+        _record_outside(context.state, TRAINING_OPERATOR_CERT_DIR.parent)
+        _serving_certs(TRAINING_OPERATOR_CERT_DIR, context.pki)
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     context.supervisor.start("training-operator", [
         context.binary("training-operator", "training-operator"), *operators.TRAINING_OPERATOR_ARGS,
         f"--kubeconfig={context.kubeconfig}", f"--metrics-bind-address={LOCAL}:{free_port()}",
         f"--health-probe-bind-address={LOCAL}:{free_port()}", f"--webhook-server-port={port}",
-    ])
+    ], env={"TMPDIR": str(folder)})  # controller-runtime's webhook server reads $TMPDIR/k8s-webhook-server/serving-certs
     wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("training-operator"))
 
 

@@ -53,6 +53,11 @@ class Watch:
     namespace: str
     said: set[str] = field(default_factory=set)
     reason: str = ""
+    phases: list[str] = field(default_factory=list)  # the job's phases, in the order seen
+    podgroups: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (queue, minMember)
+    pods: set[str] = field(default_factory=set)  # every pod seen
+    bound: set[str] = field(default_factory=set)  # every pod seen bound to a node
+    outcome: str = ""
 
     def say_once(self, line: str, say: Callable[[str], None]) -> None:
         if line not in self.said:
@@ -86,6 +91,8 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     """One look at the job: returns "running" or "succeeded" when done, raises SubmitFailed on failure."""
     job = kubectl.get(JOB_RESOURCES[watch.kind], watch.name, watch.namespace)
     phase = job_phase(job)
+    if phase and phase not in watch.phases:
+        watch.phases.append(phase)
     if phase:
         watch.say_once(f"{watch.kind} {watch.namespace}/{watch.name}: {phase}", say)
     pods = kubectl.items("pods", namespace=watch.namespace, selector=f"{LABEL_JOB}={watch.name}")
@@ -96,6 +103,7 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     reasons = []
     for group in podgroups:
         spec, status = group["spec"], group.get("status") or {}
+        watch.podgroups[group["metadata"]["name"]] = (spec.get("queue", "default"), spec.get("minMember", 1))
         watch.say_once(f"PodGroup {group['metadata']['name']}: {status.get('phase', 'Pending')} in queue "
                        f"{spec.get('queue', 'default')} (gang of {spec.get('minMember', 1)})", say)
         for condition in status.get("conditions", []):
@@ -103,6 +111,8 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
                 reasons.append(f"PodGroup {group['metadata']['name']} in queue {spec.get('queue', 'default')} "
                                f"unschedulable: {condition.get('message') or condition.get('reason')}")
     bound = [p for p in pods if p["spec"].get("nodeName")]
+    watch.pods |= {p["metadata"]["name"] for p in pods}
+    watch.bound |= {p["metadata"]["name"] for p in bound}
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
     unscheduled: dict[str, list[str]] = {}
@@ -122,23 +132,28 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     return "running" if gang_running and len(bound) == len(pods) else None
 
 
-def submit(sim, files: list[Path], wait: float, say: Callable[[str], None], until: tuple[str, ...] = ("running", "succeeded")) -> None:
-    """Apply ``files`` on the simulated cluster ``sim`` and follow every job in them."""
+def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
+           until: tuple[str, ...] = ("running", "succeeded"), apply: bool = True) -> list[Watch]:
+    """Apply ``files`` on the simulated cluster ``sim`` (unless ``apply`` is false: follow only) and follow every job
+    in them until each is in ``until``; returns what was seen of each job."""
     kubectl = sim.kubectl()
-    try:
-        preflight.check_files(kubectl, files)
-    except preflight.WontFit as error:
-        raise SubmitFailed(f"not applied: {error}") from None
-    try:
-        say(kubectl.apply_files(files).strip())
-    except KubectlError as error:
-        raise SubmitFailed(f"admission denied: {error}") from None
-    pending = _jobs(files)
+    if apply:
+        try:
+            preflight.check_files(kubectl, files)
+        except preflight.WontFit as error:
+            raise SubmitFailed(f"not applied: {error}") from None
+        try:
+            say(kubectl.apply_files(files).strip())
+        except KubectlError as error:
+            raise SubmitFailed(f"admission denied: {error}") from None
+    watches = _jobs(files)
+    pending = list(watches)
     deadline = time.monotonic() + wait
     while pending:
         for watch in list(pending):
             outcome = check(kubectl, watch, say)
             if outcome in until:
+                watch.outcome = outcome
                 say(f"{watch.kind} {watch.namespace}/{watch.name}: gang {outcome}")
                 pending.remove(watch)
         if pending and time.monotonic() > deadline:
@@ -146,3 +161,4 @@ def submit(sim, files: list[Path], wait: float, say: Callable[[str], None], unti
             raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} not running after {wait:.0f}s: "
                                f"{watch.reason or 'no reason reported'}")
         time.sleep(POLL_SECONDS if pending else 0)
+    return watches
