@@ -179,19 +179,27 @@ def test_consolidation_never_evicts_a_running_gang(sim, tmp_path):
     kubectl = sim.kubectl()
     _until(lambda: not _gpu_nodes(kubectl), SETTLE, "no GPU node left by an earlier test")
     path = _without_completion(_rendered(tmp_path, "vision", "pytorchjob", name="vision-long"))
-    submit(sim, [path], RUN, print, until=("running",))
-    before = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in _job_pods(kubectl, "vision", "vision-long")}
-    claims = {c["metadata"]["name"] for c in kubectl.items("nodeclaims.karpenter.sh")}
-    assert before and all(before.values())
-    time.sleep(SETTLE / 2)  # several disruption passes, each long past consolidateAfter
-    after = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in _job_pods(kubectl, "vision", "vision-long")}
-    assert after == before
-    assert all(not p["metadata"].get("deletionTimestamp") for p in _job_pods(kubectl, "vision", "vision-long"))
-    assert {c["metadata"]["name"] for c in kubectl.items("nodeclaims.karpenter.sh")} == claims
-    tainted = [n["metadata"]["name"] for n in _gpu_nodes(kubectl)
-               if any(t["key"] == "karpenter.sh/disrupted" for t in n["spec"].get("taints", []))]
-    assert not tainted
-    kubectl.run("delete", "-f", str(path), "--wait=false")
+
+    def gang_claims(nodes: set[str]) -> set[str]:
+        return {c["metadata"]["name"] for c in kubectl.items("nodeclaims.karpenter.sh")
+                if c.get("status", {}).get("nodeName") in nodes}
+
+    try:
+        submit(sim, [path], RUN, print, until=("running",))
+        before = {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in _job_pods(kubectl, "vision", "vision-long")}
+        assert before and all(before.values())
+        claims = gang_claims(set(before.values()))
+        assert claims
+        time.sleep(SETTLE / 2)  # several disruption passes, each long past consolidateAfter
+        pods = _job_pods(kubectl, "vision", "vision-long")
+        assert {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in pods} == before
+        assert all(not p["metadata"].get("deletionTimestamp") for p in pods)
+        assert gang_claims(set(before.values())) == claims
+        tainted = [n["metadata"]["name"] for n in _gpu_nodes(kubectl)
+                   if any(t["key"] == "karpenter.sh/disrupted" for t in n["spec"].get("taints", []))]
+        assert not tainted
+    finally:
+        kubectl.run("delete", "-f", str(path), "--wait=false")
     took = _until(lambda: not _gpu_nodes(kubectl), SETTLE, "GPU pool back to zero after the job was deleted")
     print(f"GPU nodes gone {took:.0f}s after the job was deleted")
 
