@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from jobs.cli import demo, env, images, plan, render
+from jobs.cli import demo, env, images, plan, render, sim
 from jobs.cli.errors import USAGE_EXIT
 from jobs.cli.options import gpuyard_version
 from jobs.processes import interrupt_on_sigterm
@@ -25,6 +25,7 @@ app.command("plan")(plan.plan_command)
 app.command("render")(render.render_command)
 app.add_typer(env.app, name="env")
 app.add_typer(images.app, name="images")
+app.add_typer(sim.app, name="sim")
 
 
 def _print_version(value: bool) -> None:

@@ -1,0 +1,1 @@
+"""``gpuyard sim``: the stack's Kubernetes layer, Volcano and the training operators on simulated GPU nodes."""

@@ -1,0 +1,48 @@
+"""The kwok controller's configuration: which stages simulate the kubelet.
+
+Nodes and pods follow kwok's own "fast" stages (sigs.k8s.io/kwok v0.8.0, kustomize/stage/node/fast,
+node/heartbeat, pod/fast: the ones `kwokctl` uses by default), except that a training pod's containers complete
+(exit 0) a few seconds after it runs, whatever owns it, so jobs reach Succeeded. kwok's own pod-complete only
+completes pods owned by a batch Job. Ray's head and worker pods are servers, not training processes: they keep
+running until KubeRay deletes their RayCluster (the RayJob's submitter, a batch Job's pod, completes).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.conventions import LABEL_PART_OF, PART_OF
+from sim.upstream import documents, module_dir
+
+KWOK_MODULE = "sigs.k8s.io/kwok"
+STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-ready.yaml",
+          "pod/fast/pod-delete.yaml")
+TRAINING_RUNS_MILLISECONDS = 10000
+
+
+def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
+    """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``), after a delay."""
+    stage = copy.deepcopy(pod_complete)
+    stage["metadata"]["name"] = "gpuyard-training-complete"
+    expressions = [e for e in stage["spec"]["selector"]["matchExpressions"] if "ownerReferences" not in e["key"]]
+    expressions.append({"key": f'.metadata.labels["{LABEL_PART_OF}"]', "operator": "In", "values": [PART_OF]})
+    # KubeRay labels every RayCluster pod with its node type (ray-operator/controllers/ray/utils/constant.go
+    # RayNodeTypeLabelKey)
+    expressions.append({"key": '.metadata.labels["ray.io/node-type"]', "operator": "DoesNotExist"})
+    stage["spec"]["selector"]["matchExpressions"] = expressions
+    stage["spec"]["delay"] = {"durationMilliseconds": TRAINING_RUNS_MILLISECONDS}
+    return stage
+
+
+def write_config(path: Path) -> Path:
+    """Write the kwok configuration (stages only) to ``path``."""
+    root = module_dir("kwok", KWOK_MODULE) / "kustomize" / "stage"
+    stages = [next(documents(root / name)) for name in STAGES]
+    stages.append(next(documents(root / "pod/fast/pod-complete.yaml")))
+    stages.append(training_complete(stages[-1]))
+    path.write_text(yaml.dump_all(stages, Dumper=yaml.CSafeDumper, sort_keys=False))
+    return path

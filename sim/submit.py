@@ -1,0 +1,164 @@
+"""`gpuyard sim submit`: server-side apply job manifests, then follow each job through Volcano to a running gang.
+
+What is followed is what the real components report: the job's PodGroup (phase, queue, conditions), its pods
+(bound to a node, phase) and the job's own status, plus Warning events on all three; a failure is reported with the
+message the component wrote (a webhook's denial, Volcano's unschedulable reason, the quota admission's refusal).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from sim import preflight
+from sim.kube import Kubectl, KubectlError
+
+POLL_SECONDS = 0.5
+LABEL_JOB = "gpuyard.io/job"
+GROUP_ANNOTATION = "scheduling.k8s.io/group-name"  # Volcano names each pod's PodGroup here
+# kind -> kubectl resource name of the job kinds gpuyard renders
+JOB_RESOURCES = {
+    "PyTorchJob": "pytorchjobs.kubeflow.org", "MPIJob": "mpijobs.kubeflow.org", "RayJob": "rayjobs.ray.io",
+    "Job": "jobs.batch.volcano.sh", "TrainJob": "trainjobs.trainer.kubeflow.org",
+}
+SUCCEEDED = ("Succeeded", "Completed", "Complete", "SUCCEEDED")
+FAILED = ("Failed", "Aborted", "Terminated", "FAILED")
+
+
+class SubmitFailed(RuntimeError):
+    """The job was refused or did not reach a running gang; the message is the components' reason."""
+
+
+def job_phase(job: dict[str, Any]) -> str:
+    """The phase a job's operator reports, whatever its kind."""
+    status = job.get("status") or {}
+    if "state" in status:  # Volcano Job
+        return status["state"].get("phase", "")
+    if "jobDeploymentStatus" in status:  # RayJob
+        return status.get("jobStatus") or status["jobDeploymentStatus"]
+    true = [c["type"] for c in status.get("conditions", []) if c.get("status") == "True"]
+    return true[-1] if true else ""
+
+
+@dataclass
+class Watch:
+    """One submitted job and what was last said about it."""
+
+    kind: str
+    name: str
+    namespace: str
+    said: set[str] = field(default_factory=set)
+    reason: str = ""
+    phases: list[str] = field(default_factory=list)  # the job's phases, in the order seen
+    podgroups: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (queue, minMember)
+    pods: set[str] = field(default_factory=set)  # every pod seen
+    bound: set[str] = field(default_factory=set)  # every pod seen bound to a node
+    outcome: str = ""
+
+    def say_once(self, line: str, say: Callable[[str], None]) -> None:
+        if line not in self.said:
+            self.said.add(line)
+            say(line)
+
+
+def _jobs(files: list[Path]) -> list[Watch]:
+    watches = []
+    for path in files:
+        for manifest in yaml.safe_load_all(path.read_text()):
+            if manifest and manifest.get("kind") in JOB_RESOURCES and "/" in manifest.get("apiVersion", ""):
+                if manifest["kind"] == "Job" and not manifest["apiVersion"].startswith("batch.volcano.sh/"):
+                    continue
+                meta = manifest["metadata"]
+                watches.append(Watch(manifest["kind"], meta["name"], meta.get("namespace", "default")))
+    return watches
+
+
+def _warnings(kubectl: Kubectl, namespace: str, kind: str, name: str) -> list[str]:
+    """The job's latest Warning event per reason (its operator's failures to create pods: quota, admission)."""
+    latest: dict[str, str] = {}
+    for event in kubectl.items("events", namespace=namespace):
+        involved = event["involvedObject"]
+        if event.get("type") == "Warning" and involved.get("kind") == kind and involved.get("name") == name:
+            latest[event.get("reason", "")] = f"{kind} {name}: {event.get('reason')}: {event.get('message', '').strip()}"
+    return list(latest.values())
+
+
+def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | None:
+    """One look at the job: returns "running" or "succeeded" when done, raises SubmitFailed on failure."""
+    job = kubectl.get(JOB_RESOURCES[watch.kind], watch.name, watch.namespace)
+    phase = job_phase(job)
+    if phase and phase not in watch.phases:
+        watch.phases.append(phase)
+    if phase:
+        watch.say_once(f"{watch.kind} {watch.namespace}/{watch.name}: {phase}", say)
+    pods = kubectl.items("pods", namespace=watch.namespace, selector=f"{LABEL_JOB}={watch.name}")
+    groups = {p["metadata"].get("annotations", {}).get(GROUP_ANNOTATION) for p in pods} - {None}
+    uid = job["metadata"]["uid"]
+    podgroups = [g for g in kubectl.items("podgroups.scheduling.volcano.sh", namespace=watch.namespace)
+                 if g["metadata"]["name"] in groups or any(o.get("uid") == uid for o in g["metadata"].get("ownerReferences", []))]
+    reasons = []
+    for group in podgroups:
+        spec, status = group["spec"], group.get("status") or {}
+        watch.podgroups[group["metadata"]["name"]] = (spec.get("queue", "default"), spec.get("minMember", 1))
+        watch.say_once(f"PodGroup {group['metadata']['name']}: {status.get('phase', 'Pending')} in queue "
+                       f"{spec.get('queue', 'default')} (gang of {spec.get('minMember', 1)})", say)
+        for condition in status.get("conditions", []):
+            if condition.get("type") == "Unschedulable" and condition.get("status") == "True":
+                reasons.append(f"PodGroup {group['metadata']['name']} in queue {spec.get('queue', 'default')} "
+                               f"unschedulable: {condition.get('message') or condition.get('reason')}")
+    bound = [p for p in pods if p["spec"].get("nodeName")]
+    watch.pods |= {p["metadata"]["name"] for p in pods}
+    watch.bound |= {p["metadata"]["name"] for p in bound}
+    if pods:
+        watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
+    unscheduled: dict[str, list[str]] = {}
+    for pod in pods:
+        for condition in (pod.get("status") or {}).get("conditions", []):
+            if condition["type"] == "PodScheduled" and condition["status"] == "False" and condition.get("message"):
+                unscheduled.setdefault(condition["message"], []).append(pod["metadata"]["name"])
+    reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
+    reasons += _warnings(kubectl, watch.namespace, watch.kind, watch.name)
+    watch.reason = "; ".join(dict.fromkeys(reasons))
+    if phase in FAILED:
+        raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")
+    if phase in SUCCEEDED:
+        return "succeeded"
+    # Volcano's PodGroup is Running once minMember of its pods run: the gang (TrainJob has no Running condition)
+    gang_running = podgroups and all((g.get("status") or {}).get("phase") in ("Running", "Completed") for g in podgroups)
+    return "running" if gang_running and len(bound) == len(pods) else None
+
+
+def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
+           until: tuple[str, ...] = ("running", "succeeded"), apply: bool = True) -> list[Watch]:
+    """Apply ``files`` on the simulated cluster ``sim`` (unless ``apply`` is false: follow only) and follow every job
+    in them until each is in ``until``; returns what was seen of each job."""
+    kubectl = sim.kubectl()
+    if apply:
+        try:
+            preflight.check_files(kubectl, files)
+        except preflight.WontFit as error:
+            raise SubmitFailed(f"not applied: {error}") from None
+        try:
+            say(kubectl.apply_files(files).strip())
+        except KubectlError as error:
+            raise SubmitFailed(f"admission denied: {error}") from None
+    watches = _jobs(files)
+    pending = list(watches)
+    deadline = time.monotonic() + wait
+    while pending:
+        for watch in list(pending):
+            outcome = check(kubectl, watch, say)
+            if outcome in until:
+                watch.outcome = outcome
+                say(f"{watch.kind} {watch.namespace}/{watch.name}: gang {outcome}")
+                pending.remove(watch)
+        if pending and time.monotonic() > deadline:
+            watch = pending[0]
+            raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} not running after {wait:.0f}s: "
+                               f"{watch.reason or 'no reason reported'}")
+        time.sleep(POLL_SECONDS if pending else 0)
+    return watches

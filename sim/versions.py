@@ -1,0 +1,95 @@
+"""Every version the simulated cluster builds, in one place.
+
+Each component is one Go module of ours under ``sim/go/<component>`` (its go.mod pins the upstream module at the
+version below and carries upstream's ``replace`` lines); the stack's Kubernetes minor picks the control plane's tag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.config import ConfigError
+
+GO_DIR = Path(__file__).resolve().parent / "go"
+
+# The stack's `cluster.kubernetes_version` (a minor) -> the k8s.io/kubernetes tag sim/go/kubernetes/go.mod requires.
+KUBERNETES_PATCHES = {"1.35": "v1.35.4"}
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One text replacement in a file of an upstream module, applied at build time to a copy of the module that a
+    go.work puts in its place (sim/build.py; the module cache stays untouched); the build fails without ``old``."""
+
+    module: str
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Component:
+    """A Go module of ours under sim/go/<name> and the main packages it builds (its go.mod's ``tool`` lines)."""
+
+    name: str
+    version: str
+    binaries: dict[str, str]  # binary name -> main package
+    ldflags: tuple[str, ...] = ()
+    patches: tuple[Patch, ...] = ()
+
+    @property
+    def module_dir(self) -> Path:
+        return GO_DIR / self.name
+
+
+def kubernetes_tag(minor: str) -> str:
+    """The k8s.io/kubernetes tag for a stack's Kubernetes minor; a ConfigError names the supported minors."""
+    try:
+        return KUBERNETES_PATCHES[minor]
+    except KeyError:
+        supported = ", ".join(sorted(KUBERNETES_PATCHES))
+        raise ConfigError(f"cluster.kubernetes_version {minor!r} has no simulated build (supported: {supported})") from None
+
+
+def kubernetes_ldflags(tag: str) -> tuple[str, ...]:
+    """The version stamp k8s hack/lib/version.sh links in, so clients and operators see a real server version."""
+    major, minor = tag.removeprefix("v").split(".")[:2]
+    stamp = {"gitVersion": tag, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean",
+             "buildDate": "1970-01-01T00:00:00Z"}
+    return tuple(
+        f"-X {package}.{key}={value}"
+        for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for key, value in stamp.items()
+    )
+
+
+def components(kubernetes_minor: str) -> tuple[Component, ...]:
+    """Everything `gpuyard sim` runs, in build order; the versions match infra/charts.py's pins where one exists."""
+    tag = kubernetes_tag(kubernetes_minor)
+    kube = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+    volcano = {f"vc-{name}": f"volcano.sh/volcano/cmd/{name}" for name in ("scheduler", "controller-manager", "webhook-manager")}
+    return (
+        Component("kubernetes", tag, {name: f"k8s.io/kubernetes/cmd/{name}" for name in kube}, kubernetes_ldflags(tag)),
+        Component("etcd", "v3.6.5", {"etcd": "go.etcd.io/etcd/server/v3"}),  # the etcd k8s v1.35.4's go.mod requires
+        Component("kwok", "v0.8.0", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+        # v1.15.1 (the stack's chart) needs volcano.sh/apis v1.15.x, which the Go module proxy does not serve (403)
+        Component("volcano", "v1.14.1", volcano),
+        Component("mpi-operator", "v0.8.0", {"mpi-operator": "github.com/kubeflow/mpi-operator/cmd/mpi-operator"}),
+        Component(
+            "training-operator", "v1.9.4",
+            {"training-operator": "github.com/kubeflow/training-operator/cmd/training-operator.v1"},
+        ),
+        Component("trainer", "v2.3.0", {
+            "trainer-controller-manager": "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+            "jobset": "sigs.k8s.io/jobset",  # v0.12.0, the JobSet trainer v2.3.0's go.mod requires
+        }),
+        # KubeRay v1.7.0 (the stack's chart) is not served by the Go module proxy (403): v1.6.0 is the newest it has.
+        Component("kuberay", "v1.6.0", {"ray-operator": "github.com/ray-project/kuberay/ray-operator"}),
+        # infra/charts.py KARPENTER 1.14.1: Karpenter with its kwok cloud provider (sim/karpenter.py). Its
+        # pkg/operator/operator.go binds the metrics and health probe servers to ":<port>" (every interface) and no
+        # setting changes the host: the patch makes it 127.0.0.1.
+        Component("karpenter", "v1.14.1", {"karpenter": "sigs.k8s.io/karpenter/kwok"}, patches=(
+            Patch("sigs.k8s.io/karpenter", "pkg/operator/operator.go", 'fmt.Sprintf(":%d"', 'fmt.Sprintf("127.0.0.1:%d"'),
+        )),
+    )

@@ -1,0 +1,157 @@
+"""`gpuyard sim`: the dev stack's Kubernetes layer and every job template on the real control plane, Volcano and
+operators, with kwok nodes shaped like the stack's pools. Builds the components once (cached, needs Go)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.config import load_stack
+from infra.plan import plan
+from jobs.render import render_specs, write_manifests
+from jobs.spec import build_spec, stack_kinds
+from sim import nodes, stack
+from sim.cluster import Sim
+from sim.processes import zombie, alive
+from sim.submit import SubmitFailed, submit
+
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
+]
+STACK = "dev"
+CONFIG = load_stack(STACK)
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory):
+    """The dev stack's simulated cluster, started once for the session (state in a temporary folder)."""
+    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
+    cluster.up(print)
+    yield cluster
+    started = cluster.supervisor.pids()
+    cluster.down()
+    assert not cluster.state.exists()
+    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+
+
+@pytest.fixture(scope="session")
+def resources():
+    return plan(STACK).resources
+
+
+def test_every_stack_object_is_admitted(sim, resources):
+    kubectl = sim.kubectl()
+    objects = stack.kubernetes_objects(resources)
+    simulated = [o for o in objects if stack.simulated(o)]
+    assert {o["kind"] for o in simulated} >= {"Namespace", "ResourceQuota", "LimitRange", "Role", "RoleBinding",
+                                              "ServiceAccount", "PriorityClass", "NetworkPolicy", "Queue"}
+    for manifest in simulated:
+        meta = manifest["metadata"]
+        resource = f"{manifest['kind'].lower()}.{manifest['apiVersion'].split('/')[0]}" if "/" in manifest["apiVersion"] \
+            else manifest["kind"].lower()
+        live = kubectl.get(resource, meta["name"], meta.get("namespace"))
+        assert meta.get("labels", {}).items() <= live["metadata"].get("labels", {}).items()
+    queue = kubectl.get("queues.scheduling.volcano.sh", "vision")
+    assert queue["spec"]["capability"]["nvidia.com/gpu"] == "16"
+
+
+def test_nodes_follow_the_stack_pools(sim, resources):
+    live = {n["metadata"]["name"]: n for n in sim.kubectl().items("nodes")}
+    pools = nodes.pools(resources)
+    assert len(live) == sum(pool.count for pool in pools)
+    g5 = live["gpu-small-g5-xlarge-0"]
+    assert g5["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert g5["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "g5.xlarge"
+    assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in g5["spec"]["taints"]
+    assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+               for n in live.values())
+
+
+def _rendered(tmp_path: Path, team: str, kind: str, **overrides) -> Path:
+    spec = build_spec(CONFIG, CONFIG.team(team), kind, **overrides)
+    [path] = write_manifests(render_specs(CONFIG, [spec]), tmp_path)
+    return path
+
+
+def _gang_size(manifest: dict, pods: int) -> int:
+    """The gang the template declares (Volcano Job minAvailable, runPolicy.schedulingPolicy.minAvailable), else every pod."""
+    spec = manifest["spec"]
+    declared = spec.get("minAvailable") or spec.get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable")
+    return declared or pods
+
+
+KNOWN = {
+    # kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/volcano/volcano.go takes the queue from the runtime's
+    # annotations: the stack's one ClusterTrainingRuntime names none, so every TrainJob lands in "default"
+    # (the gpu branch, issue 9, gives each team a TrainingRuntime in its queue; then this XPASSes and must go).
+    "trainjob": pytest.mark.xfail(strict=True, reason="TrainJob PodGroups land in Volcano's default queue"),
+    # KubeRay follows a RayJob through the Ray dashboard of its head pod (cluster DNS, port 8265): kwok runs no
+    # containers, so once the submitter completes KubeRay fails the RayJob ("did not reach terminal state").
+    "rayjob": pytest.mark.xfail(strict=False, reason="no Ray dashboard behind a kwok head pod"),
+}
+JOBS = [pytest.param(team.name, kind, id=f"{team.name}-{kind}", marks=KNOWN.get(kind, ()))
+        for team in CONFIG.teams for kind in stack_kinds(CONFIG)]
+
+
+@pytest.mark.parametrize(("team", "kind"), JOBS)
+def test_job_runs_as_a_gang_then_succeeds(sim, tmp_path, team, kind):
+    path = _rendered(tmp_path, team, kind)
+    manifest = yaml.safe_load(path.read_text())
+    said: list[str] = []
+    [job] = submit(sim, [path], 180, said.append, until=("running", "succeeded"))
+    assert job.podgroups, said
+    assert {queue for queue, _ in job.podgroups.values()} == {CONFIG.team(team).queue}, said
+    assert sum(size for _, size in job.podgroups.values()) == _gang_size(manifest, len(job.pods)), said
+    assert job.pods and job.bound == job.pods, said  # every pod bound: never part of a gang
+    [job] = submit(sim, [path], 180, said.append, until=("succeeded",), apply=False)
+    assert job.outcome == "succeeded", said
+
+
+def _with(path: Path, edit) -> Path:
+    manifest = yaml.safe_load(path.read_text())
+    edit(manifest)
+    path.write_text(yaml.dump(manifest, Dumper=yaml.CSafeDumper, sort_keys=False))
+    return path
+
+
+def test_leading_digit_name_is_denied_by_the_training_operator_webhook(sim, tmp_path):
+    # kubeflow/training-operator v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go: NameIsDNS1035Label
+    path = _with(_rendered(tmp_path, "vision", "pytorchjob"), lambda m: m["metadata"].update(name="1-vision-job"))
+    with pytest.raises(SubmitFailed) as denied:
+        submit(sim, [path], 30, print)
+    assert "admission denied" in str(denied.value)
+    assert 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request' in str(denied.value)
+    assert "DNS-1035" in str(denied.value)
+
+
+def test_gang_beyond_queue_capability_stays_unscheduled_and_names_the_queue(sim, tmp_path):
+    team = CONFIG.team("nlp")  # queue capability nvidia.com/gpu = gpu_quota 8
+    path = _rendered(tmp_path, "nlp", "volcanojob", name="nlp-too-big", nodes=team.gpu_quota + 1)
+    with pytest.raises(SubmitFailed) as refused:
+        submit(sim, [path], 30, print)
+    message = str(refused.value)
+    assert "not running after 30s" in message
+    assert f"queue {team.queue}" in message
+    pods = sim.kubectl().items("pods", namespace=team.namespace, selector="gpuyard.io/job=nlp-too-big")
+    assert not any(p["spec"].get("nodeName") for p in pods)  # never part of a gang
+
+
+def test_privileged_team_pod_is_denied(sim, tmp_path, resources):
+    namespace = CONFIG.team("vision").namespace
+    declared = next(o for o in stack.kubernetes_objects(resources)
+                    if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace)
+    if "pod-security.kubernetes.io/enforce" not in declared["metadata"].get("labels", {}):
+        pytest.skip(f"the stack declares no Pod Security level on {namespace} yet (issue 11)")
+
+    def privileged(manifest):
+        for spec in manifest["spec"]["pytorchReplicaSpecs"].values():
+            spec["template"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+
+    path = _with(_rendered(tmp_path, "vision", "pytorchjob", name="vision-privileged"), privileged)
+    with pytest.raises(SubmitFailed) as denied:
+        submit(sim, [path], 30, print)
+    assert "privileged" in str(denied.value)
