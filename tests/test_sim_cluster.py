@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import with_registry
 from infra.config import load_stack
 from infra.plan import plan
 from jobs.render import render_specs, write_manifests
@@ -23,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
-CONFIG = load_stack(STACK)
+CONFIG = with_registry(load_stack(STACK))  # images from the stack's ECR registry
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +86,6 @@ def _gang_size(manifest: dict, pods: int) -> int:
 
 
 KNOWN = {
-    # kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/volcano/volcano.go takes the queue from the runtime's
-    # annotations: the stack's one ClusterTrainingRuntime names none, so every TrainJob lands in "default"
-    # (the gpu branch, issue 9, gives each team a TrainingRuntime in its queue; then this XPASSes and must go).
-    "trainjob": pytest.mark.xfail(strict=True, reason="TrainJob PodGroups land in Volcano's default queue"),
     # KubeRay follows a RayJob through the Ray dashboard of its head pod (cluster DNS, port 8265): kwok runs no
     # containers, so once the submitter completes KubeRay fails the RayJob ("did not reach terminal state").
     "rayjob": pytest.mark.xfail(strict=False, reason="no Ray dashboard behind a kwok head pod"),

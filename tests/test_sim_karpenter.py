@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from infra.cluster import LABEL_GPU_NODE
+from conftest import with_registry
 from infra.config import load_stack
 from infra.conventions import LABEL_NODEPOOL, LABEL_PART_OF, NODEPOOL_GPU_ON_DEMAND
 from infra.plan import plan
@@ -33,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
-CONFIG = load_stack(STACK)
+CONFIG = with_registry(load_stack(STACK))  # images from the stack's ECR registry
 CONSOLIDATE_AFTER = "5s"
 SETTLE = 90  # seconds: consolidateAfter, Karpenter's disruption pass (every 10 s) and the node's termination
 RUN = 240  # seconds for a gang to run, launching nodes included
