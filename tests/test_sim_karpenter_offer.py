@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import with_registry
 from infra.config import load_stack
 from infra.plan import plan
 from jobs.render import render_specs
@@ -13,7 +14,7 @@ from jobs.spec import build_spec, stack_kinds
 from sim import karpenter, nodes, preflight
 
 STACK = "dev"
-CONFIG = load_stack(STACK)
+CONFIG = with_registry(load_stack(STACK))
 ZONES = ["us-west-2a", "us-west-2b"]
 
 
