@@ -67,3 +67,22 @@ IMAGE_NAMES = ("ddp", "mpi", "ray")
 # AWS tag on every resource the Pulumi stack creates (provider default_tags, value: the stack name).
 # `gpuyard env cleanup` deletes what Kubernetes and Karpenter left for a cluster and never a resource with this tag.
 TAG_STACK = "gpuyard.io/stack"
+
+# Training pods pass the Pod Security Standard ``restricted`` that team namespaces enforce (kubernetes/
+# pod-security-admission, policy/check_runAsNonRoot.go, check_seccompProfile_restricted.go,
+# check_allowPrivilegeEscalation.go, check_capabilities_restricted.go). The non-root user of the gpuyard images
+# (images/*: uid 1000, the Ray base's ``ray`` user too); fsGroup makes mounted secrets and tokens readable.
+RUN_AS_USER = 1000
+
+
+def pod_security() -> dict:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

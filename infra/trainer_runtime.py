@@ -21,6 +21,8 @@ from infra.conventions import (
     PART_OF,
     SCHEDULER_NAME,
     TRAINING_RUNTIME,
+    container_security,
+    pod_security,
 )
 from infra.operators import TRAINER_PODGROUP_POLICY
 
@@ -37,13 +39,16 @@ def runtime_labels(team: Team) -> dict[str, str]:
 
 
 def training_runtime_spec(team: Team, image: str) -> dict:
-    """The TrainingRuntime spec for ``team``: Volcano scheduler, the team's queue and priority, GPU toleration."""
-    container = {"name": NODE, "image": image, "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}]}
+    """The TrainingRuntime spec for ``team``: Volcano scheduler, the team's queue and priority, GPU toleration,
+    and the restricted security context its namespace enforces (a TrainJob written by hand is admitted too)."""
+    container = {"name": NODE, "image": image, "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
+                 "securityContext": container_security()}
     pod_spec = {
         "schedulerName": SCHEDULER_NAME,
         "priorityClassName": team.priority_class,
         "serviceAccountName": team.service_account,
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}],
+        "securityContext": pod_security(),
         "containers": [container],
     }
     job = {

@@ -59,7 +59,7 @@ RENDER_ONLY = [
 
 @pytest.mark.parametrize(("args", "names"), [(JOB + a, n) for a, n in RENDER] + RENDER_ONLY,
                          ids=lambda v: " ".join(v) if isinstance(v, list) else None)
-def test_render(tmp_path, args, names):
+def test_render(tmp_path, args, names, stacks_with_registry):
     result = gpuyard("render", *args, "-d", "out", cwd=tmp_path)
     assert_one_line_error(result, names)
     assert result.stdout == "" and list(tmp_path.iterdir()) == []

@@ -14,6 +14,11 @@ from cli_helpers import gpuyard
 from jobs.cli.options import gpuyard_version
 from jobs.render import write_manifests
 
+
+@pytest.fixture(autouse=True)
+def registries(stacks_with_registry):
+    """The stacks as they are once gpuyard:image_registry names their ECR registry."""
+
 COMMANDS = [["render"], ["demo"], ["plan"], ["images", "build"], ["env", "create"], ["env", "list"],
             ["env", "destroy"], ["env", "reap"], ["env", "cleanup"]]
 

@@ -18,7 +18,7 @@ from infra.config import load_stack
 from infra.images import image_ref
 from jobs.render import render
 from jobs.render.mpi import SSH_DIR, SSH_PORT
-from jobs.render.pod import RUN_AS_USER
+from infra.conventions import RUN_AS_USER
 from jobs.spec import KIND_IMAGE, KINDS, build_spec
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 

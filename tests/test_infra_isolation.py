@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 import celpy
 import pytest
 
+from conftest import with_registry
 from infra.config import ConfigError, load_stack, parse_stack
 from infra.tenancy import POD_ADMISSION_POLICY, pod_admission_validations
 from infra.plan import plan_values, stack_values
+from infra.trainer_runtime import training_runtime_spec
 from infra_plans import of_type, planned
 from jobs.render import default_specs, render
 from pod_security import pod_specs, restricted_violations
@@ -45,7 +47,7 @@ def test_baseline_needs_a_written_reason():
 
 
 def rendered_pods(stack: str) -> list[tuple[str, dict]]:
-    config = load_stack(stack)
+    config = with_registry(load_stack(stack))
     return [(f"{spec.kind}/{spec.team}", pod) for spec in default_specs(config)
             for pod in pod_specs(render(spec, config.team(spec.team)))]
 
@@ -57,6 +59,15 @@ def test_our_job_templates_meet_restricted(stack):
     assert {name.split("/")[0] for name, _ in pods} == kinds
     assert [(name, restricted_violations(pod)) for name, pod in pods if restricted_violations(pod)] == []
 
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_team_training_runtime_meets_restricted_on_its_own(stack):
+    """A TrainJob that patches nothing (written by hand, not by gpuyard render) is admitted in the team namespace."""
+    config = load_stack(stack)
+    for team in config.teams:
+        runtime = training_runtime_spec(team, "reg/ddp:1")
+        job = runtime["template"]["spec"]["replicatedJobs"][0]["template"]
+        assert restricted_violations(job["spec"]["template"]["spec"]) == [], team.name
 
 @pytest.mark.parametrize(
     ("pod", "violation"),

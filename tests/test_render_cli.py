@@ -25,7 +25,7 @@ def registries(stacks_with_registry):
 
 def test_without_a_registry_render_says_how_to_name_one(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUYARD_STACKS_DIR")
-    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "-o", str(tmp_path / "out"))
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "-d", str(tmp_path / "out"))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "stack 'dev' has no image registry: set gpuyard:image_registry" in result.stderr
     assert "or pass --image" in result.stderr and not (tmp_path / "out").exists()
@@ -129,7 +129,7 @@ def test_all_writes_the_golden_files(tmp_path):
       "--node-pool", "gpu-a100"], "--efa 32: no instance type of pool gpu-a100 has that many EFA interfaces"),
     (["--stack", "prod", "--team", "nlp", "--kind", "mpijob", "--gpus-per-node", "8", "--efa", "4",
       "--node-pool", "gpu-on-demand"], "--efa 4: pool gpu-on-demand has no EFA interfaces"),
-    (["--team", "nlp", "--kind", "volcanojob", "--max-restarts", "100"], "max_restarts"),
+    (["--team", "nlp", "--kind", "volcanojob", "--max-restarts", "100"], "--max-restarts"),
     (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
     (["--stack", "prod", "--team", "nlp", "--kind", "trainjob"], "does not install Kubeflow Trainer v2"),
     (["--team", "nlp"], "--team and --kind are required"),

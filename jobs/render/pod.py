@@ -34,12 +34,11 @@ from infra.conventions import (
     METRICS_PORT_NAME,
     NODEPOOL_CPU,
     PART_OF,
+    container_security,
+    pod_security,
 )
 from jobs.spec import GRACE_PERIOD_SECONDS, HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
-# The non-root user of the gpuyard images (images/*: uid 1000, the Ray base's ``ray`` user too);
-# its group comes from the image, fsGroup makes mounted secrets and tokens readable.
-RUN_AS_USER = 1000
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 
@@ -136,10 +135,6 @@ def helper_resources() -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def container_security() -> dict:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
-
 def container(
     name: str,
     image: str,
@@ -193,15 +188,6 @@ def trainer_node_selector(spec: JobSpec) -> dict[str, str]:
 def shm_volume(memory_gib: int) -> dict:
     """/dev/shm in RAM for NCCL and DataLoader workers, up to half the pod's memory."""
     return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(1, memory_gib // 2)}Gi"}}
-
-
-def pod_security() -> dict:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 def _pod_template(

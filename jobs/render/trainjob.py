@@ -9,16 +9,14 @@ Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them.
 """
 
 from infra.config import Team
-from infra.conventions import ANNOTATION_DO_NOT_DISRUPT, TRAINING_RUNTIME
+from infra.conventions import ANNOTATION_DO_NOT_DISRUPT, TRAINING_RUNTIME, container_security, pod_security
 from jobs.render.pod import (
     SHM_PATH,
     SHM_VOLUME,
-    container_security,
     env_list,
     gpu_tolerations,
     labels,
     metadata,
-    pod_security,
     shm_volume,
     trainer_env,
     trainer_node_selector,
