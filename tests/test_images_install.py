@@ -54,8 +54,12 @@ def install_modules(image: str) -> list[str]:
     return words[words.index(next(w for w in words if w.endswith("install-gpuyard.sh"))) + 2:]
 
 
+# An image build sees no PYTHONPATH (a checkout on it would hide the installed copy).
+BUILD_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
 def install(python: Path, context: Path, modules: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(INSTALL), str(context), *modules], env={**os.environ, "PYTHON": str(python)},
+    return subprocess.run(["sh", str(INSTALL), str(context), *modules], env={**BUILD_ENV, "PYTHON": str(python)},
                           capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
@@ -65,7 +69,7 @@ def test_installs_the_package_without_its_infra_dependencies(base_python, tmp_pa
     result = install(base_python, build_context(tmp_path), modules, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     where = subprocess.run([str(base_python), "-c", "import jobs; print(jobs.__file__)"], capture_output=True,
-                           text=True, cwd="/", check=True).stdout
+                           text=True, cwd="/", env=BUILD_ENV, check=True).stdout
     assert where.startswith(str(tmp_path / "base"))  # the installed copy, not this checkout
     installed = {p.name.split("-")[0].lower() for p in (tmp_path / "base").rglob("*.dist-info")}
     assert installed == {"gpuyard"}
