@@ -7,6 +7,8 @@ each is cited next to it. ``infra/addons.py`` and ``infra/manifests/`` install t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # Volcano scheduler configuration (volcano-sh/volcano v1.15.1):
 #
 # The chart's default, installer/helm/chart/volcano/config/volcano-scheduler.conf, runs the actions
@@ -53,7 +55,13 @@ VOLCANO_SCHEDULER_CONF_VALUES_KEY = ("custom", "scheduler_config_override")
 
 # Kubeflow Training Operator v1.9.4 (kubeflow/training-operator, cmd/training-operator.v1/main.go): create a
 # Volcano PodGroup per job (runPolicy.schedulingPolicy carries queue and priority); every scheme but MPIJob,
-# whose CRD the MPI Operator serves. Set by the patch in infra/manifests/training-operator.
+# whose CRD the MPI Operator serves; PyTorchJob workers get the init container of PYTORCH_INIT_TEMPLATE (upstream's
+# default template plus the restricted securityContext; --pytorch-init-container-template-file, read by
+# pkg/controller.v1/pytorch/initcontainer.go). Set by the patch in infra/manifests/training-operator, which mounts
+# the template from a ConfigMap at PYTORCH_INIT_TEMPLATE_PATH.
+PYTORCH_INIT_TEMPLATE = Path(__file__).parent / "manifests" / "training-operator" / "pytorch-init-container.yaml"
+PYTORCH_INIT_TEMPLATE_PATH = "/etc/gpuyard/pytorch-init/initContainer.yaml"
+PYTORCH_INIT_TEMPLATE_FLAG = "--pytorch-init-container-template-file"
 TRAINING_OPERATOR_ARGS = (
     "--gang-scheduler-name=volcano",
     "--enable-scheme=tfjob",
@@ -61,6 +69,7 @@ TRAINING_OPERATOR_ARGS = (
     "--enable-scheme=xgboostjob",
     "--enable-scheme=paddlejob",
     "--enable-scheme=jaxjob",
+    f"{PYTORCH_INIT_TEMPLATE_FLAG}={PYTORCH_INIT_TEMPLATE_PATH}",
 )
 
 # MPI Operator v0.8.0 (kubeflow/mpi-operator, cmd/mpi-operator/app/options/options.go): without

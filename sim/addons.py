@@ -227,11 +227,18 @@ def start_training_operator(context: Context) -> None:
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     context.supervisor.start("training-operator", [
-        context.binary("training-operator", "training-operator"), *operators.TRAINING_OPERATOR_ARGS,
+        context.binary("training-operator", "training-operator"), *training_operator_args(),
         f"--kubeconfig={context.kubeconfig}", f"--metrics-bind-address={LOCAL}:{free_port()}",
         f"--health-probe-bind-address={LOCAL}:{free_port()}", f"--webhook-server-port={port}",
     ], env={"TMPDIR": str(folder)})  # controller-runtime's webhook server reads $TMPDIR/k8s-webhook-server/serving-certs
     wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("training-operator"))
+
+
+def training_operator_args() -> list[str]:
+    """The stack's flags, the init container template read from the checkout where the Pod mounts its ConfigMap."""
+    mounted = f"{operators.PYTORCH_INIT_TEMPLATE_FLAG}={operators.PYTORCH_INIT_TEMPLATE_PATH}"
+    local = f"{operators.PYTORCH_INIT_TEMPLATE_FLAG}={operators.PYTORCH_INIT_TEMPLATE}"
+    return [local if arg == mounted else arg for arg in operators.TRAINING_OPERATOR_ARGS]
 
 
 def _renamed(manifest: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -77,10 +77,10 @@ def _jobs(files: list[Path]) -> list[Watch]:
     return watches
 
 
-def _warnings(kubectl: Kubectl, namespace: str, kind: str, name: str) -> list[str]:
+def _warnings(events: list[dict], kind: str, name: str) -> list[str]:
     """The job's latest Warning event per reason (its operator's failures to create pods: quota, admission)."""
     latest: dict[str, str] = {}
-    for event in kubectl.items("events", namespace=namespace):
+    for event in events:
         involved = event["involvedObject"]
         if event.get("type") == "Warning" and involved.get("kind") == kind and involved.get("name") == name:
             latest[event.get("reason", "")] = f"{kind} {name}: {event.get('reason')}: {event.get('message', '').strip()}"
@@ -112,7 +112,13 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
                                f"unschedulable: {condition.get('message') or condition.get('reason')}")
     bound = [p for p in pods if p["spec"].get("nodeName")]
     watch.pods |= {p["metadata"]["name"] for p in pods}
-    watch.bound |= {p["metadata"]["name"] for p in bound}
+    events = kubectl.items("events", namespace=watch.namespace)
+    # a pod may bind, run and be deleted between two looks (a Volcano Job ends its workers when the master
+    # completes): the scheduler's Scheduled event stays (volcano v1.14.1 pkg/scheduler/cache/cache.go, Bind)
+    watch.bound |= {p["metadata"]["name"] for p in bound} | {
+        e["involvedObject"]["name"] for e in events
+        if e.get("reason") == "Scheduled" and e["involvedObject"].get("kind") == "Pod"
+        and e["involvedObject"].get("name") in watch.pods}
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
     unscheduled: dict[str, list[str]] = {}
@@ -121,7 +127,7 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
             if condition["type"] == "PodScheduled" and condition["status"] == "False" and condition.get("message"):
                 unscheduled.setdefault(condition["message"], []).append(pod["metadata"]["name"])
     reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
-    reasons += _warnings(kubectl, watch.namespace, watch.kind, watch.name)
+    reasons += _warnings(events, watch.kind, watch.name)
     watch.reason = "; ".join(dict.fromkeys(reasons))
     if phase in FAILED:
         raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")

@@ -16,10 +16,16 @@ from infra.config import load_stack
 from infra.operators import (
     KUBERAY_OPERATOR_ARGS,
     MPI_OPERATOR_ARGS,
+    PYTORCH_INIT_TEMPLATE,
+    PYTORCH_INIT_TEMPLATE_FLAG,
+    PYTORCH_INIT_TEMPLATE_PATH,
     TRAINING_OPERATOR_ARGS,
     VOLCANO_SCHEDULER_CONF,
 )
+from conftest import with_registry
 from infra_plans import kubernetes_manifests, of_type, planned
+from jobs.render import default_specs, render
+from pod_security import restricted_violations
 
 STACKS = ("dev", "prod", "ephemeral")
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -33,14 +39,21 @@ def release_values(stack: str, chart: str) -> dict:
 
 def deployment_args(stack: str, operator: str, deployment: str) -> list[str]:
     """The args the kustomization the stack installs ``operator`` from sets on ``deployment``."""
-    (directory,) = [d for d in of_type(planned(stack), DIRECTORY) if Path(d.inputs["directory"]).name == operator]
-    kustomization = yaml.safe_load((Path(directory.inputs["directory"]) / "kustomization.yaml").read_text())
+    return deployment_patch(stack, operator, deployment)["/spec/template/spec/containers/0/args"]
+
+
+def deployment_patch(stack: str, operator: str, deployment: str) -> dict[str, object]:
+    """The JSON patch the stack's kustomization of ``operator`` applies to ``deployment``, as path -> value."""
+    kustomization = yaml.safe_load((operator_directory(stack, operator) / "kustomization.yaml").read_text())
     (patch,) = [p for p in kustomization["patches"] if p.get("target", {}).get("name") == deployment]
-    (operation,) = yaml.safe_load(patch["patch"])
-    assert (operation["op"], operation["path"]) in {
-        ("add", "/spec/template/spec/containers/0/args"), ("replace", "/spec/template/spec/containers/0/args")
-    }
-    return operation["value"]
+    operations = yaml.safe_load(patch["patch"])
+    assert {operation["op"] for operation in operations} <= {"add", "replace"}
+    return {operation["path"]: operation["value"] for operation in operations}
+
+
+def operator_directory(stack: str, operator: str) -> Path:
+    (directory,) = [d for d in of_type(planned(stack), DIRECTORY) if Path(d.inputs["directory"]).name == operator]
+    return Path(directory.inputs["directory"])
 
 
 def kuberay_chart_args(values: dict) -> list[str]:
@@ -94,6 +107,30 @@ def test_mpi_operator_gang_schedules_with_volcano(stack):
 def test_training_operator_gang_schedules_with_volcano(stack):
     args = deployment_args(stack, "training-operator", "training-operator")
     assert args == list(TRAINING_OPERATOR_ARGS) and "--gang-scheduler-name=volcano" in args
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pytorch_workers_init_container_meets_restricted(stack):
+    """The operator reads the template where the Deployment mounts the ConfigMap made of PYTORCH_INIT_TEMPLATE, and a
+    worker pod of our PyTorchJob with that init container passes the Pod Security Standard its namespace enforces."""
+    directory = operator_directory(stack, "training-operator")
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    (generated,) = kustomization["configMapGenerator"]
+    key, source = generated["files"][0].split("=")
+    assert (directory / source).resolve() == PYTORCH_INIT_TEMPLATE.resolve()
+    patch = deployment_patch(stack, "training-operator", "training-operator")
+    mount, volume = patch["/spec/template/spec/containers/0/volumeMounts/-"], patch["/spec/template/spec/volumes/-"]
+    assert (volume["configMap"]["name"], mount["name"]) == (generated["name"], volume["name"])
+    assert f"{mount['mountPath']}/{key}" == PYTORCH_INIT_TEMPLATE_PATH
+    assert f"{PYTORCH_INIT_TEMPLATE_FLAG}={PYTORCH_INIT_TEMPLATE_PATH}" in TRAINING_OPERATOR_ARGS
+    # the Go template's fields, filled as pkg/controller.v1/pytorch/initcontainer.go GetInitContainer does
+    text = PYTORCH_INIT_TEMPLATE.read_text().replace("{{.InitContainerImage}}", "alpine:3.10")
+    (init,) = yaml.safe_load(text.replace("{{.MaxTries}}", "100").replace("{{.MasterAddr}}", "job-master-0"))
+    config = with_registry(load_stack(stack))
+    spec = next(s for s in default_specs(config) if s.kind == "pytorchjob")
+    worker = render(spec, config.team(spec.team))["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert restricted_violations({**worker, "initContainers": [init]}) == []
+    assert restricted_violations({**worker, "initContainers": [{**init, "securityContext": {}}]})  # upstream's as is
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -27,9 +27,9 @@ STACK = "dev"
 CONFIG = with_registry(load_stack(STACK))  # images from the stack's ECR registry
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """The dev stack's simulated cluster, started once for the session (state in a temporary folder)."""
+    """The dev stack's simulated cluster, started once for this module (the Karpenter tests start their own)."""
     cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
     cluster.up(print)
     yield cluster
