@@ -86,3 +86,10 @@ def pod_security() -> dict:
 
 def container_security() -> dict:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+# terminationGracePeriodSeconds, and the trainer's --grace-period, per capacity type: a spot instance gets two
+# minutes' notice (EC2 spot interruption notice, SPOT_NOTICE_SECONDS; Karpenter drains on it), less a margin for
+# the drain to reach the pod; an on-demand node is drained for consolidation or replacement, without a hard
+# deadline, so a large checkpoint gets longer. The NodePools' terminationGracePeriod agrees (infra/karpenter.py).
+SPOT_NOTICE_SECONDS = 120
+GRACE_PERIOD_SECONDS: dict[str, int] = {"spot": 90, "on-demand": 300}

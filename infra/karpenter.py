@@ -26,6 +26,7 @@ from infra.conventions import (
     NODEPOOL_GPU_EFA,
     NODEPOOL_GPU_ON_DEMAND,
     NODEPOOL_GPU_SPOT,
+    SPOT_NOTICE_SECONDS,
 )
 from infra.instance_types import efa_types
 from infra.policies import (
@@ -53,9 +54,20 @@ SPOT_ROLE_NAME = "AWSServiceRoleForEC2Spot"
 SPOT_ROLE_PATH = "/aws-service-role/spot.amazonaws.com/"
 # How long a node may drain before Karpenter deletes its pods anyway (karpenter.sh/v1 NodePool
 # spec.template.spec.terminationGracePeriod): long enough for a job to write its checkpoint, short enough that
-# teardown ends.
+# teardown ends. Karpenter v1.14.1 never evicts a karpenter.sh/do-not-disrupt pod (every training pod) while
+# draining; it deletes each pod at the node's deadline less the pod's terminationGracePeriodSeconds
+# (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/node/termination/terminator/terminator.go,
+# DeleteExpiringPods). A spot pool's deadline is the interruption notice, so its pods get their whole grace period
+# (GRACE_PERIOD_SECONDS["spot"]) before the instance goes; without it they would be force-deleted afterwards.
 GPU_TERMINATION_GRACE = "1h"
+SPOT_GPU_TERMINATION_GRACE = f"{SPOT_NOTICE_SECONDS}s"
 CPU_TERMINATION_GRACE = "15m"
+
+
+def termination_grace(gpu: bool, capacity_types: list[str]) -> str:
+    if not gpu:
+        return CPU_TERMINATION_GRACE
+    return SPOT_GPU_TERMINATION_GRACE if capacity_types == ["spot"] else GPU_TERMINATION_GRACE
 
 
 def gpu_taint() -> dict[str, str]:
@@ -108,7 +120,7 @@ def node_pool_spec(
         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": NODE_CLASS},
         "requirements": requirements,
         "expireAfter": "Never" if gpu else "720h",
-        "terminationGracePeriod": GPU_TERMINATION_GRACE if gpu else CPU_TERMINATION_GRACE,
+        "terminationGracePeriod": termination_grace(gpu, capacity_types),
     }
     labels = {"gpuyard.io/nodepool": name}
     if gpu:

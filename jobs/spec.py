@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from infra.config import DNS1123_LABEL, StackConfig, Team
 from infra.validation import validation_message
-from infra.conventions import METRICS_PORT, NODEPOOL_CPU, NODEPOOL_GPU_EFA, NODEPOOL_GPU_ON_DEMAND, NODEPOOL_GPU_SPOT
+from infra.conventions import (
+    GRACE_PERIOD_SECONDS,
+    METRICS_PORT,
+    NODEPOOL_CPU,
+    NODEPOOL_GPU_EFA,
+    NODEPOOL_GPU_ON_DEMAND,
+    NODEPOOL_GPU_SPOT,
+)
 from infra.images import template_image
 from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
@@ -65,11 +72,6 @@ DEFAULT_GPUS_PER_NODE = 1
 DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 2
 DEFAULT_TTL_SECONDS = 3600
-# terminationGracePeriodSeconds, and the trainer's --grace-period, per capacity type: a spot instance
-# gets two minutes' notice (EC2 spot interruption notice; Karpenter drains on it), less a margin for
-# the drain to reach the pod; an on-demand node is drained for consolidation or replacement, without
-# a hard deadline, so a large checkpoint gets longer.
-GRACE_PERIOD_SECONDS: dict[str, int] = {"spot": 90, "on-demand": 300}
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 

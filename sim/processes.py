@@ -14,6 +14,7 @@ from pathlib import Path
 
 PIDS = "pids.json"
 STOP_GRACE_SECONDS = 10
+KILL_WAIT_SECONDS = 5
 
 
 def free_port() -> int:
@@ -75,13 +76,10 @@ class Supervisor:
         pids = self.pids()
         for pid in reversed(list(pids.values())):
             _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while time.monotonic() < deadline and any(_group_alive(pid) for pid in pids.values()):
-            _reap(pids.values())
-            time.sleep(0.1)
+        _wait_gone(pids.values(), STOP_GRACE_SECONDS)
         for pid in pids.values():
             _signal_group(pid, signal.SIGKILL)
-        _reap(pids.values())
+        _wait_gone(pids.values(), KILL_WAIT_SECONDS)  # a killed process still exits: return once it has
         (self.state / PIDS).unlink(missing_ok=True)
 
 
@@ -105,6 +103,16 @@ def _group_alive(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return not zombie(pid)
+
+
+def _wait_gone(pids, seconds: float) -> None:
+    """Reap and wait until no process group of ``pids`` lives (zombies of other parents aside), ``seconds`` at most."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(pids)
+        if not any(_group_alive(pid) for pid in pids) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
 
 
 def _reap(pids) -> None:

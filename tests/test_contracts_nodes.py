@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import pytest
 
 from infra.charts import DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from infra.conventions import GRACE_PERIOD_SECONDS, SPOT_NOTICE_SECONDS
 from infra.instance_types import GPU_INSTANCE_TYPES, types_of_families
 from chart_constraints import admits, pod_placement
 from infra_plans import of_type, planned
+from jobs.duration import parse_duration
 
 STACKS = ("dev", "prod", "ephemeral")
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -146,3 +148,18 @@ def test_efa_node_groups_get_one_efa_interface_per_network_card():
 ])
 def test_the_admission_check_follows_the_chart_defaults(labels, taints, admitted):
     assert admits(pod_placement(NVIDIA_DEVICE_PLUGIN.name, {}), labels, taints) is admitted
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_gpu_pools_give_training_pods_their_grace_period_before_the_node_goes(stack):
+    """Karpenter v1.14.1 deletes a do-not-disrupt pod at the NodePool's terminationGracePeriod less the pod's
+    (terminator.go DeleteExpiringPods): at least the pod's grace fits, and on spot the whole drain fits the notice."""
+    pools = [p.inputs["spec"] for p in of_type(planned(stack), NODEPOOL) if "nvidia.com/gpu" in p.inputs["spec"]["limits"]]
+    assert pools
+    for spec in pools:
+        template = spec["template"]["spec"]
+        (capacity,) = _requirement(template, "karpenter.sh/capacity-type")
+        node_grace = parse_duration(template["terminationGracePeriod"]).total_seconds()
+        assert node_grace >= GRACE_PERIOD_SECONDS[capacity], (capacity, node_grace)
+        if capacity == "spot":
+            assert node_grace <= SPOT_NOTICE_SECONDS, node_grace

@@ -190,8 +190,8 @@ def test_training_operator_overlay_gang_schedules_with_volcano_and_leaves_mpijob
         "https://github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.4"
     ]
     args_patch, crd_patch = kustomization["patches"]
-    (operation,) = yaml.safe_load(args_patch["patch"])
-    args = operation["value"]
+    operations = {operation["path"]: operation["value"] for operation in yaml.safe_load(args_patch["patch"])}
+    args = operations["/spec/template/spec/containers/0/args"]
     assert "--gang-scheduler-name=volcano" in args
     schemes = {a.split("=", 1)[1] for a in args if a.startswith("--enable-scheme=")}
     assert schemes == {"tfjob", "pytorchjob", "xgboostjob", "paddlejob", "jaxjob"}

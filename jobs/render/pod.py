@@ -13,6 +13,7 @@ from infra.config import Team
 from infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     EFA_RESOURCE,
+    GRACE_PERIOD_SECONDS,
     GPU_RESOURCE,
     HUGEPAGES_EFA,
     HUGEPAGES_RESOURCE,
@@ -37,7 +38,7 @@ from infra.conventions import (
     container_security,
     pod_security,
 )
-from jobs.spec import GRACE_PERIOD_SECONDS, HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
+from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
