@@ -70,6 +70,37 @@ def test_corrupt_data_is_reported_and_the_previous_checkpoint_loads(storage):
                         "reason": f"{data_name(2)}: size or sha256 differs from its manifest"}]
 
 
+def test_a_torch_file_that_is_not_a_dict_is_skipped(storage):
+    events = []
+    checkpointer = _checkpointer(storage, emit=events.append)
+    storage.check()
+    _save_steps(checkpointer, range(1, 2))
+    assert checkpointer.save(2, serialize([1, 2]))  # a consistent manifest naming a list, not a state dict
+    assert checkpointer.load_latest().step == 1
+    assert events[-1] == {"event": "checkpoint_skipped", "name": manifest_name(2),
+                          "reason": f"{data_name(2)}: not a checkpoint: holds a list, not a dict"}
+
+
+@pytest.mark.parametrize(("uri", "says"), [
+    ("", "--checkpoint-uri is empty"),
+    (" ", "--checkpoint-uri is empty"),
+    ("file://host/ckpt", "names host 'host': use file:///path"),
+])
+def test_checkpoint_uris_that_would_write_elsewhere_are_refused(uri, says):
+    with pytest.raises(StorageError, match=says):
+        open_storage(uri)
+
+
+def test_file_uris_of_this_machine_are_paths(tmp_path):
+    assert open_storage(f"file://{tmp_path}/a").uri == open_storage(f"file://localhost{tmp_path}/a").uri
+
+
+def test_a_malformed_endpoint_names_the_variable(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not-a-url")
+    with pytest.raises(StorageError, match="^AWS_ENDPOINT_URL: Invalid endpoint: not-a-url"):
+        S3Storage("ckpt", "runs")
+
+
 def test_data_without_manifest_is_a_partial_write_and_is_skipped(storage):
     events = []
     checkpointer = _checkpointer(storage, emit=events.append)

@@ -3,6 +3,7 @@ weights, or exit 0 when its final checkpoint is not durable. Real processes, a r
 
 import json
 import signal
+import subprocess
 import time
 
 import boto3
@@ -122,3 +123,25 @@ def test_a_final_checkpoint_that_is_not_durable_is_named_and_the_run_does_not_ex
     assert done["checkpoint"] == f"s3://ckpt/run/{manifest_name(16)}"
     rerun = done_event(run(python_cmd(args), env=local_aws.env))
     assert trained(rerun) == trained(done) and rerun["checkpoint"] == f"s3://ckpt/run/{manifest_name(32)}"
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: a real filesystem that runs out of space on the first checkpoint."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_is_reported_and_training_goes_on(full_disk):
+    args = SMALL.model_copy(update={"model": "mlp", "checkpoint_uri": str(full_disk / "ckpt")})
+    result = run(python_cmd(args))
+    failed = [e for e in events(result.stdout) if e["event"] == "checkpoint_failed"]
+    assert failed and all("No space left on device" in e["error"] for e in failed)
+    done = next(e for e in events(result.stdout) if e["event"] == "done")
+    assert done["epochs"] == 2 and done["checkpoint"] is None
+    assert result.returncode == 143  # trained, but nothing durable: the job is not reported as saved
+    _one_line(result.stderr, "final checkpoint (step 32) is not durable; last durable checkpoint: none")

@@ -173,6 +173,8 @@ class Checkpointer:
             state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
         except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
             raise CorruptCheckpoint(f"{manifest['data']}: not a checkpoint: {error}") from None
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(f"{manifest['data']}: not a checkpoint: holds a {type(state).__name__}, not a dict")
         return Checkpoint(manifest["step"], state, f"{self.storage.uri}/{name}", manifest)
 
     def _prune(self) -> None:

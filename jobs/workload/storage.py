@@ -53,6 +53,13 @@ class LocalStorage:
             raise StorageError(f"checkpoint dir {self.root}: not writable")
 
     def put(self, name: str, data: bytes) -> None:
+        """Atomic and durable; a full disk or a folder gone unwritable is a StorageError, reported like S3's."""
+        try:
+            self._put(name, data)
+        except OSError as error:
+            raise StorageError(f"checkpoint dir {self.root}: put {name}: {error.strerror or error}") from None
+
+    def _put(self, name: str, data: bytes) -> None:
         fd, temp = tempfile.mkstemp(dir=self.root, prefix=f".{name}.")
         try:
             with os.fdopen(fd, "wb") as file:
@@ -96,7 +103,11 @@ class S3Storage:
         self.attempts, self.base_delay = attempts, base_delay
         # read_timeout is boto3's 60 s: completing a multipart upload of a large checkpoint takes S3 (and moto) a while
         config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=60)
-        self._s3 = boto3.client("s3", config=config)
+        try:
+            self._s3 = boto3.client("s3", config=config)
+        except ValueError as error:  # botocore's "Invalid endpoint: ..." for a malformed AWS_ENDPOINT_URL
+            variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+            raise StorageError(f"{variable}: {error} (an http:// or https:// URL)") from None
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -156,11 +167,15 @@ class S3Storage:
 
 def open_storage(uri: str) -> Storage:
     """A local path (or ``file://``) or ``s3://bucket/prefix``; other schemes are a StorageError."""
+    if not uri.strip():
+        raise StorageError("--checkpoint-uri is empty: leave it out to train without checkpoints")
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise StorageError(f"checkpoint URI {uri!r} has no bucket: use s3://bucket/prefix")
         return S3Storage(parsed.netloc, parsed.path)
+    if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+        raise StorageError(f"checkpoint URI {uri!r} names host {parsed.netloc!r}: use file:///path (this machine)")
     if parsed.scheme in ("", "file"):
         return LocalStorage(Path(parsed.path if parsed.scheme else uri))
     raise StorageError(f"checkpoint URI {uri!r}: unsupported scheme {parsed.scheme!r} (use a path or s3://bucket/prefix)")
