@@ -57,6 +57,7 @@ class Watch:
     podgroups: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (queue, minMember)
     pods: set[str] = field(default_factory=set)  # every pod seen
     bound: set[str] = field(default_factory=set)  # every pod seen bound to a node
+    nodes: dict[str, str] = field(default_factory=dict)  # pod -> the node it was bound to
     outcome: str = ""
 
     def say_once(self, line: str, say: Callable[[str], None]) -> None:
@@ -115,10 +116,11 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     events = kubectl.items("events", namespace=watch.namespace)
     # a pod may bind, run and be deleted between two looks (a Volcano Job ends its workers when the master
     # completes): the scheduler's Scheduled event stays (volcano v1.14.1 pkg/scheduler/cache/cache.go, Bind)
-    watch.bound |= {p["metadata"]["name"] for p in bound} | {
-        e["involvedObject"]["name"] for e in events
-        if e.get("reason") == "Scheduled" and e["involvedObject"].get("kind") == "Pod"
-        and e["involvedObject"].get("name") in watch.pods}
+    watch.nodes |= {p["metadata"]["name"]: p["spec"]["nodeName"] for p in bound}
+    watch.nodes |= {e["involvedObject"]["name"]: e["message"].rsplit(" to ", 1)[-1] for e in events
+                    if e.get("reason") == "Scheduled" and e["involvedObject"].get("kind") == "Pod"
+                    and e["involvedObject"].get("name") in watch.pods}  # "Successfully assigned ns/pod to node"
+    watch.bound |= set(watch.nodes)
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
     unscheduled: dict[str, list[str]] = {}
