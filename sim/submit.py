@@ -56,9 +56,13 @@ class Watch:
     phases: list[str] = field(default_factory=list)  # the job's phases, in the order seen
     podgroups: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (queue, minMember)
     pods: set[str] = field(default_factory=set)  # every pod seen
-    bound: set[str] = field(default_factory=set)  # every pod seen bound to a node
-    nodes: dict[str, str] = field(default_factory=dict)  # pod -> the node it was bound to
+    nodes: dict[str, str] = field(default_factory=dict)  # every pod seen bound -> the node it was bound to
     outcome: str = ""
+
+    @property
+    def bound(self) -> set[str]:
+        """Every pod seen bound to a node."""
+        return set(self.nodes)
 
     def say_once(self, line: str, say: Callable[[str], None]) -> None:
         if line not in self.said:
@@ -120,7 +124,6 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     watch.nodes |= {e["involvedObject"]["name"]: e["message"].rsplit(" to ", 1)[-1] for e in events
                     if e.get("reason") == "Scheduled" and e["involvedObject"].get("kind") == "Pod"
                     and e["involvedObject"].get("name") in watch.pods}  # "Successfully assigned ns/pod to node"
-    watch.bound |= set(watch.nodes)
     if pods:
         watch.say_once(f"pods bound: {len(bound)}/{len(pods)}", say)
     unscheduled: dict[str, list[str]] = {}
