@@ -13,7 +13,7 @@ from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.storage import Storage, StorageArgs
 from infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
-                           TeamTenancy)
+                           TeamTenancy, deserved_gpus)
 
 
 def config_values() -> dict[str, str]:
@@ -56,12 +56,14 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
     # Teams' TrainingRuntimes run the ddp image from the stack's own ECR repository.
     trainer_image = storage.repository_urls.apply(lambda urls: f"{urls['ddp']}:{config.image_tag}")
+    shares = deserved_gpus(config.teams, config.karpenter.gpu_limit)
     teams = {
         team.name: TeamTenancy(
             f"team-{team.name}",
             TeamArgs(
                 team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons,
                 aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or trainer_image,
+                deserved_gpus=shares[team.name],
             ),
         )
         for team in config.teams

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Volcano scheduler configuration (volcano-sh/volcano v1.15.1):
+# Volcano scheduler configuration (volcano-sh/volcano v1.15.1; the plugin sources cited are v1.14.1, the version
+# the simulated cluster runs):
 #
 # The chart's default, installer/helm/chart/volcano/config/volcano-scheduler.conf, runs the actions
 # "enqueue, reserve, allocate, backfill". ``enqueue`` (with the overcommit and proportion plugins) admits a
@@ -22,12 +23,23 @@ from pathlib import Path
 # Without ``enqueue`` the ``allocate`` action moves every Pending PodGroup to Inqueue itself ("status update
 # from pending to inqueue, reason: no enqueue action is configured", pkg/scheduler/actions/allocate/
 # allocate.go), the pods are created, the gang that does not fit stays Unschedulable, and Karpenter
-# provisions for it. The queue capability is still enforced at allocation by the ``proportion`` plugin, so a
-# team never runs more than its queue allows. ``overcommit`` only feeds ``enqueue`` and is left out.
+# provisions for it. ``overcommit`` only feeds ``enqueue`` and is left out.
 #
-# ``reclaim`` makes a Queue's ``reclaimable: true`` mean something: a queue over its deserved share gives
-# resources back to a starved one. ``preempt`` lets a higher PriorityClass (gpuyard-high over gpuyard-low)
-# evict lower-priority pods in the same queue (``priority`` plugin); #3910 notes ``enqueue`` and ``preempt``
+# ``capacity`` in place of the chart's ``proportion``: proportion lets a queue allocate only within its deserved
+# share, which it computes from the queue weights over the resources of the nodes *present*
+# (pkg/scheduler/plugins/proportion/proportion.go, queueAllocatable). With GPU nodes made on demand two teams
+# whose gangs each need the whole capped pool both deserve less than a gang, and neither ever runs (the
+# simulated cluster showed it: vision 5.33 and nlp 2.67 of 8 GPUs against gangs of 8). capacity lets a queue
+# allocate up to its ``realCapability``, its capability bounded by the cluster's resources
+# (pkg/scheduler/plugins/capacity/capacity.go, buildQueueAttrs and queueAllocatable), so one gang runs whole
+# and the other waits whole. The team's weight lives on in the Queue's ``deserved``, its weighted share of the
+# GPU pool (infra/tenancy.py deserved_gpus): capacity orders queues by allocated / deserved, and ``reclaim``
+# takes back from a queue above its deserved share for a starved one (Reclaimable and Preemptive in
+# capacity.go), which makes a Queue's ``reclaimable: true`` mean something; the evictions are committed only when
+# the starved gang can then be placed whole (pkg/scheduler/actions/reclaim/reclaim.go, JobPipelined).
+#
+# ``preempt`` lets a higher PriorityClass (gpuyard-high over gpuyard-low) evict lower-priority pods in the
+# same queue (``priority`` plugin); #3910 notes ``enqueue`` and ``preempt``
 # do not work together, one more reason to drop ``enqueue``. ``gang`` keeps all-or-nothing placement; the
 # tiers are the chart's default otherwise (``reservation`` goes with the ``reserve`` action, left out).
 VOLCANO_ACTIONS = ("allocate", "backfill", "preempt", "reclaim")
@@ -43,7 +55,7 @@ tiers:
   - name: drf
     enablePreemptable: false
   - name: predicates
-  - name: proportion
+  - name: capacity
   - name: nodeorder
   - name: binpack
 """

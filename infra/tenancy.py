@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from fractions import Fraction
 
 import pulumi
 import pulumi_aws as aws
@@ -66,12 +67,32 @@ def team_limit_range() -> list[dict]:
     ]
 
 
-def team_queue_spec(team: Team) -> dict:
-    """Volcano Queue: fair-share weight, capped at the team's quota, reclaimable when idle."""
+def deserved_gpus(teams: tuple[Team, ...], supply: int) -> dict[str, int]:
+    """Each team's weighted share of ``supply`` GPUs in whole GPUs (largest remainder), never above its quota."""
+    total = sum(team.queue_weight for team in teams)
+    exact = {team.name: Fraction(supply * team.queue_weight, total) for team in teams}
+    shares = {name: int(share) for name, share in exact.items()}
+    for name in sorted(exact, key=lambda n: shares[n] - exact[n])[: supply - sum(shares.values())]:
+        shares[name] += 1
+    return {team.name: min(shares[team.name], team.gpu_quota) for team in teams}
+
+
+def team_queue_spec(team: Team, deserved_gpus: int) -> dict:
+    """Volcano Queue: capped at the team's quota, entitled to ``deserved_gpus``, reclaimable above that.
+
+    The ``capacity`` plugin (infra/operators.py) lets a queue allocate up to its capability (bounded by what the
+    cluster holds) and lets a starved queue reclaim from queues above their ``deserved`` (volcano-sh/volcano
+    v1.14.1 pkg/scheduler/plugins/capacity/capacity.go, Reclaimable: ``checkDeservedExceedance``). CPU and memory
+    are deserved up to the quota: a dimension missing from ``deserved`` makes every pod asking for it an immediate
+    victim (``isImmediateVictim``), so only GPUs above the share are ever taken back. ``weight`` is what the
+    share was computed from; the capacity plugin itself does not read it.
+    """
+    capability = {GPU_RESOURCE: str(team.gpu_quota), "cpu": str(team.cpu_quota), "memory": f"{team.memory_quota_gib}Gi"}
     return {
         "weight": team.queue_weight,
         "reclaimable": True,
-        "capability": {GPU_RESOURCE: str(team.gpu_quota), "cpu": str(team.cpu_quota), "memory": f"{team.memory_quota_gib}Gi"},
+        "capability": capability,
+        "deserved": capability | {GPU_RESOURCE: str(min(deserved_gpus, team.gpu_quota))},
     }
 
 
@@ -222,6 +243,7 @@ class TeamArgs:
     k8s_provider: kubernetes.Provider
     trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime
     trainer_image: pulumi.Input[str] = ""
+    deserved_gpus: int = 0  # the team's share of the GPU pool (``deserved_gpus``)
 
 
 class TeamTenancy(pulumi.ComponentResource):
@@ -294,7 +316,7 @@ class TeamTenancy(pulumi.ComponentResource):
             api_version="scheduling.volcano.sh/v1beta1",
             kind="Queue",
             metadata={"name": self._team.queue, "labels": team_labels(self._team)},
-            spec=team_queue_spec(self._team),
+            spec=team_queue_spec(self._team, self._args.deserved_gpus),
             opts=self._k8s(self._args.operators),
         )
 

@@ -79,7 +79,40 @@ def test_volcano_admits_gangs_karpenter_must_scale_for(stack):
     actions = [a.strip() for a in conf["actions"].split(",")]
     assert "enqueue" not in actions and actions[0] == "allocate"
     plugins = {p["name"] for tier in conf["tiers"] for p in tier["plugins"]}
-    assert {"gang", "priority", "proportion", "predicates"} <= plugins
+    assert {"gang", "priority", "capacity", "predicates"} <= plugins
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_queue_may_run_a_gang_as_large_as_its_capability(stack):
+    """``proportion`` caps a queue at its weighted share of the nodes present (volcano v1.14.1
+    plugins/proportion/proportion.go queueAllocatable): two teams each wanting the capped pool would never run.
+    ``capacity`` caps it at its capability bounded by the cluster (plugins/capacity/capacity.go queueAllocatable)."""
+    plugins = [p["name"] for tier in scheduler_conf(stack)["tiers"] for p in tier["plugins"]]
+    assert "capacity" in plugins and "proportion" not in plugins
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_queues_deserve_their_weighted_gpu_share_within_capability(stack):
+    """What Volcano's capacity plugin and queue webhook read (volcano v1.14.1): ``deserved`` <= ``capability``
+    (webhooks/admission/queues/validate/validate_queue.go, "deserved should less equal than capability"); every
+    dimension a team's pods ask for is in ``deserved``, or each such pod is a victim of any reclaim
+    (capacity.go isImmediateVictim); the GPUs deserved add up to the pool and follow the weights."""
+    config = load_stack(stack)
+    queues = {m["metadata"]["name"]: m["spec"] for m in kubernetes_manifests(planned(stack)) if m["kind"] == "Queue"}
+    deserved = {}
+    for team in config.teams:
+        spec = queues[team.queue]
+        assert set(spec["deserved"]) == set(spec["capability"]) == {"cpu", "memory", "nvidia.com/gpu"}
+        assert spec["deserved"]["cpu"] == spec["capability"]["cpu"]
+        assert spec["deserved"]["memory"] == spec["capability"]["memory"]
+        deserved[team.name] = int(spec["deserved"]["nvidia.com/gpu"])
+        assert 0 <= deserved[team.name] <= int(spec["capability"]["nvidia.com/gpu"])
+    assert sum(deserved.values()) <= config.karpenter.gpu_limit
+    if all(t.gpu_quota >= config.karpenter.gpu_limit for t in config.teams):
+        assert sum(deserved.values()) == config.karpenter.gpu_limit
+    by_weight = sorted(config.teams, key=lambda t: t.queue_weight)
+    uncapped = [t for t in by_weight if deserved[t.name] < t.gpu_quota]
+    assert all(deserved[a.name] <= deserved[b.name] for a, b in zip(uncapped, uncapped[1:]))
 
 
 @pytest.mark.parametrize("stack", STACKS)

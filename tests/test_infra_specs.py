@@ -29,7 +29,7 @@ from infra.policies import (
     team_checkpoint_policy,
 )
 from infra.storage import checkpoint_lifecycle_rules
-from infra.tenancy import team_network_policies, team_queue_spec, team_quota
+from infra.tenancy import deserved_gpus, team_network_policies, team_queue_spec, team_quota
 from infra.trainer_runtime import training_runtime_spec
 from infra_plans import kubernetes_manifests, planned
 
@@ -149,10 +149,30 @@ def test_node_class_selects_discovery_subnets_and_cluster_security_group():
 
 @pytest.mark.parametrize("team", [Team(name="a"), Team(name="b", gpu_quota=0, cpu_quota=2, memory_quota_gib=4, queue_weight=7)])
 def test_team_quota_and_queue_agree(team):
-    quota, queue = team_quota(team), team_queue_spec(team)
+    quota, queue = team_quota(team), team_queue_spec(team, deserved_gpus=5)
     assert quota["requests.nvidia.com/gpu"] == queue["capability"]["nvidia.com/gpu"] == str(team.gpu_quota)
     assert quota["requests.memory"] == queue["capability"]["memory"] == f"{team.memory_quota_gib}Gi"
     assert queue["weight"] == team.queue_weight
+    assert queue["deserved"]["nvidia.com/gpu"] == str(min(5, team.gpu_quota))
+    assert {k: v for k, v in queue["deserved"].items() if k != "nvidia.com/gpu"} == {
+        k: v for k, v in queue["capability"].items() if k != "nvidia.com/gpu"}
+
+
+@pytest.mark.parametrize(("weights", "supply", "expected"), [
+    ((2, 1), 8, (5, 3)),  # 5.33 and 2.67: the larger remainder gets the spare GPU
+    ((1, 1, 1), 10, (4, 3, 3)),
+    ((1,), 8, (8,)),
+    ((3, 1), 0, (0, 0)),
+])
+def test_deserved_gpus_split_the_pool_by_weight_in_whole_gpus(weights, supply, expected):
+    teams = tuple(Team(name=f"t{i}", queue_weight=w, gpu_quota=64) for i, w in enumerate(weights))
+    shares = deserved_gpus(teams, supply)
+    assert tuple(shares[t.name] for t in teams) == expected and sum(expected) == supply
+
+
+def test_deserved_gpus_never_exceed_the_quota():
+    teams = (Team(name="big", queue_weight=9, gpu_quota=2), Team(name="small", queue_weight=1, gpu_quota=8))
+    assert deserved_gpus(teams, 10) == {"big": 2, "small": 1}
 
 
 def test_network_policies_admit_only_own_namespace_prometheus_and_kuberay():
