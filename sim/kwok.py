@@ -3,7 +3,7 @@
 Nodes and pods follow kwok's own "fast" stages (sigs.k8s.io/kwok v0.8.0, kustomize/stage/node/fast,
 node/heartbeat, pod/fast: the ones `kwokctl` uses by default), except that a training pod's containers complete
 (exit 0) a few seconds after it runs, whatever owns it, so jobs reach Succeeded. kwok's own pod-complete only
-completes pods owned by a batch Job. Ray's head and worker pods are servers, not training processes: they keep
+completes pods owned by a batch/v1 Job (at once). Ray's head and worker pods are servers, not training processes: they keep
 running until KubeRay deletes their RayCluster (the RayJob's submitter, a batch Job's pod, completes).
 """
 
@@ -38,11 +38,21 @@ def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     return stage
 
 
+def batch_jobs_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
+    """kwok's pod-complete, for pods of a batch/v1 Job only: it selects owners of kind ``Job``, which a Volcano Job
+    (batch.volcano.sh/v1alpha1) is too, so a Volcano Job's launcher would complete the moment it runs."""
+    stage = copy.deepcopy(pod_complete)
+    stage["spec"]["selector"]["matchExpressions"].append(
+        {"key": ".metadata.ownerReferences.[].apiVersion", "operator": "In", "values": ["batch/v1"]})
+    return stage
+
+
 def write_config(path: Path) -> Path:
     """Write the kwok configuration (stages only) to ``path``."""
     root = module_dir("kwok", KWOK_MODULE) / "kustomize" / "stage"
     stages = [next(documents(root / name)) for name in STAGES]
-    stages.append(next(documents(root / "pod/fast/pod-complete.yaml")))
-    stages.append(training_complete(stages[-1]))
+    pod_complete = next(documents(root / "pod/fast/pod-complete.yaml"))
+    stages.append(batch_jobs_complete(pod_complete))
+    stages.append(training_complete(pod_complete))
     path.write_text(yaml.dump_all(stages, Dumper=yaml.CSafeDumper, sort_keys=False))
     return path
