@@ -9,6 +9,7 @@ in-cluster Service names, leader election namespaces, ports) is replaced by loca
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +308,8 @@ def start_trainer(context: Context) -> None:
 
 # KubeRay (v1.6.0, see sim/versions.py): CRDs from ray-operator/config/crd/bases; flags as the stack's chart sets
 # them (infra/operators.py KUBERAY_OPERATOR_ARGS); the chart enables no webhooks by default (ENABLE_WEBHOOKS unset).
+# Its requests to the heads' dashboards go through HTTP_PROXY to sim/ray_head.py (kwok heads serve none); the API
+# server is on a loopback address, which Go never proxies.
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 
 
@@ -314,11 +317,14 @@ def start_kuberay(context: Context) -> None:
     crds = list(documents_in(module_dir("kuberay", KUBERAY_MODULE) / "config" / "crd" / "bases"))
     context.kubectl.apply(crds)
     wait_crds(context.kubectl, crds)
+    heads = free_port()
+    context.supervisor.start("ray-heads", [sys.executable, "-m", "sim.ray_head", f"--port={heads}"])
+    wait_listening(heads, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("ray-heads"))
     context.supervisor.start("kuberay-operator", [
         context.binary("kuberay", "ray-operator"), *operators.KUBERAY_OPERATOR_ARGS, f"--kubeconfig={context.kubeconfig}",
         f"--metrics-addr={LOCAL}:{free_port()}", f"--health-probe-bind-address={LOCAL}:{free_port()}",
         "--enable-leader-election=false",
-    ])
+    ], env={"HTTP_PROXY": f"http://{LOCAL}:{heads}", "NO_PROXY": f"{LOCAL},localhost"})
 
 
 STARTS = {"volcano": start_volcano, "mpi-operator": start_mpi_operator, "training-operator": start_training_operator,

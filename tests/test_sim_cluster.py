@@ -85,12 +85,7 @@ def _gang_size(manifest: dict, pods: int) -> int:
     return declared or pods
 
 
-KNOWN = {
-    # KubeRay follows a RayJob through the Ray dashboard of its head pod (cluster DNS, port 8265): kwok runs no
-    # containers, so once the submitter completes KubeRay fails the RayJob ("did not reach terminal state").
-    "rayjob": pytest.mark.xfail(strict=False, reason="no Ray dashboard behind a kwok head pod"),
-}
-JOBS = [pytest.param(team.name, kind, id=f"{team.name}-{kind}", marks=KNOWN.get(kind, ()))
+JOBS = [pytest.param(team.name, kind, id=f"{team.name}-{kind}")
         for team in CONFIG.teams for kind in stack_kinds(CONFIG)]
 
 
