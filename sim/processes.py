@@ -15,6 +15,7 @@ from pathlib import Path
 PIDS = "pids.json"
 STOP_GRACE_SECONDS = 10
 KILL_WAIT_SECONDS = 5
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def free_port() -> int:
@@ -72,15 +73,22 @@ class Supervisor:
             raise RuntimeError(f"{name} exited; the end of {self.logs / (name + '.log')}:\n{tail}")
 
     def stop_all(self) -> None:
-        """SIGTERM every recorded process group (newest first), SIGKILL what outlives the grace period."""
+        """SIGTERM every recorded process group (newest first), SIGKILL what outlives the grace period.
+
+        A second Ctrl-C or SIGTERM waits until this is done (it is held back, then delivered), so it cannot leave a
+        server running."""
         pids = self.pids()
-        for pid in reversed(list(pids.values())):
-            _signal_group(pid, signal.SIGTERM)
-        _wait_gone(pids.values(), STOP_GRACE_SECONDS)
-        for pid in pids.values():
-            _signal_group(pid, signal.SIGKILL)
-        _wait_gone(pids.values(), KILL_WAIT_SECONDS)  # a killed process still exits: return once it has
-        (self.state / PIDS).unlink(missing_ok=True)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            for pid in reversed(list(pids.values())):
+                _signal_group(pid, signal.SIGTERM)
+            _wait_gone(pids.values(), STOP_GRACE_SECONDS)
+            for pid in pids.values():
+                _signal_group(pid, signal.SIGKILL)
+            _wait_gone(pids.values(), KILL_WAIT_SECONDS)  # a killed process still exits: return once it has
+            (self.state / PIDS).unlink(missing_ok=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def zombie(pid: int) -> bool:
