@@ -46,6 +46,7 @@ class Team(Frozen):
     name: Annotated[str, Field(pattern=DNS1123_LABEL, max_length=30)]
     namespace: Label | None = None
     queue: Label | None = None
+    # the team's share of the GPU pool is queue_weight / all teams' (its Volcano Queue's ``deserved``)
     queue_weight: Annotated[int, Field(ge=1, le=1000)] = 1
     gpu_quota: Annotated[int, Field(ge=0)] = 8
     cpu_quota: Annotated[int, Field(ge=1)] = 64
