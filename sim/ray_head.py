@@ -2,7 +2,7 @@
 
 kwok runs no containers, so a RayCluster's head pod serves no dashboard. KubeRay v1.6.0 follows a RayJob by asking
 ``http://<head service>.<namespace>.svc.<cluster domain>:8265/api/jobs/<id>`` with Go's default transport
-(ray-operator/controllers/ray/utils/util.go, GetRayDashboardClient and FetchHeadServiceURL), which honours
+(ray-operator/controllers/ray/utils/util.go, GetRayDashboardClientFunc and FetchHeadServiceURL), which honours
 ``HTTP_PROXY``: the simulation starts KubeRay with ``HTTP_PROXY`` pointing here. A job runs from the first time it
 is asked about for as long as kwok runs a simulated training container, then succeeds, as kwok's containers exit 0
 (sim/kwok.py); in K8sJobMode KubeRay marks the RayJob Complete once its submitter Job has completed too
@@ -37,7 +37,8 @@ class Jobs:
         self._lock = threading.Lock()
 
     def info(self, job_id: str) -> dict:
-        """The fields KubeRay reads (ray-operator/controllers/ray/utils/types/dashboard_httpclient.go, RayJobInfo); times in ms."""
+        """The fields KubeRay reads, times in ms (ray-operator/controllers/ray/utils/types/dashboard_httpclient.go,
+        RayJobInfo)."""
         now = int(time.time() * 1000)
         with self._lock:
             started = self._started.setdefault(job_id, now)
