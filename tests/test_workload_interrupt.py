@@ -22,7 +22,9 @@ from workload_launch import (FaultyProxy, children, done_event, environ_of, even
 pytestmark = pytest.mark.slow
 GRACE = 20
 SAVE_EVERY_STEPS = 25
-ARGS = TrainArgs(total_epochs=8, save_every=4, batch_size=16, dataset_size=2048, model="mlp", seed=9,
+# 16 epochs: the interruptions fall in the first third, and on an idle machine the rest must outlast mpirun's
+# forwarding of SIGTERM (MPI_SIGKILL_TIMEOUT); with 8 a fast run (512 steps a rank in 2.5 s) finished first
+ARGS = TrainArgs(total_epochs=16, save_every=4, batch_size=16, dataset_size=2048, model="mlp", seed=9,
                  save_every_steps=SAVE_EVERY_STEPS, grace_period=GRACE, lease_seconds=3)
 MPI_SIGKILL_TIMEOUT = 1  # Open MPI 4 forwards SIGTERM this long after mpirun gets it, and SIGKILLs as long after
 
