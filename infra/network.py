@@ -101,22 +101,10 @@ class Network(pulumi.ComponentResource):
             opts=self._opts,
         )
         cidrs, _ = subnet_cidrs(self._args.config.cidr, len(zones))
-        subnets = []
-        for zone, cidr in zip(zones, cidrs):
-            subnet = aws.ec2.Subnet(
-                f"{self._name}-public-{zone}",
-                vpc_id=vpc.id,
-                cidr_block=cidr,
-                availability_zone=zone,
-                map_public_ip_on_launch=False,
-                tags={"Name": f"{self._args.cluster_name}-public-{zone}", **subnet_tags(self._args.cluster_name, True)},
-                opts=self._opts,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{self._name}-public-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._opts
-            )
-            subnets.append(subnet)
-        return subnets
+        return [
+            self._create_subnet(vpc, table, zone, cidr, public=True)
+            for zone, cidr in zip(zones, cidrs)
+        ]
 
     def _create_nat_gateways(self, public: list[aws.ec2.Subnet]) -> list[aws.ec2.NatGateway]:
         hosts = public if self._args.config.nat == "per_az" else public[:1]
@@ -143,16 +131,24 @@ class Network(pulumi.ComponentResource):
                 routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
                 opts=self._opts,
             )
-            subnet = aws.ec2.Subnet(
-                f"{self._name}-private-{zone}",
-                vpc_id=vpc.id,
-                cidr_block=cidr,
-                availability_zone=zone,
-                tags={"Name": f"{self._args.cluster_name}-private-{zone}", **subnet_tags(self._args.cluster_name, False)},
-                opts=self._opts,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{self._name}-private-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._opts
-            )
-            subnets.append(subnet)
+            subnets.append(self._create_subnet(vpc, table, zone, cidr, public=False))
         return subnets
+
+    def _create_subnet(
+        self, vpc: aws.ec2.Vpc, table: aws.ec2.RouteTable, zone: str, cidr: str, *, public: bool
+    ) -> aws.ec2.Subnet:
+        """One subnet in ``zone``, tagged for the EKS load balancers of its kind and routed through ``table``."""
+        kind = "public" if public else "private"
+        subnet = aws.ec2.Subnet(
+            f"{self._name}-{kind}-{zone}",
+            vpc_id=vpc.id,
+            cidr_block=cidr,
+            availability_zone=zone,
+            tags={"Name": f"{self._args.cluster_name}-{kind}-{zone}", **subnet_tags(self._args.cluster_name, public)},
+            map_public_ip_on_launch=False if public else None,  # public subnets host load balancers, never nodes
+            opts=self._opts,
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{self._name}-{kind}-{zone}", subnet_id=subnet.id, route_table_id=table.id, opts=self._opts
+        )
+        return subnet
