@@ -23,6 +23,7 @@ from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
 from infra.config import PROJECT, load_stack, parse_stack, stack_file
+from infra.signals import signals_deferred
 
 PROGRAM = Path(__file__).resolve().parent / "__main__.py"
 ACCOUNT_ID = "123456789012"
@@ -181,7 +182,8 @@ def plan_values(stack: str, values: dict[str, Any], account_roles: tuple[str, ..
     set_all_config(encode_config(values))
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     settings.set_root_resource(None)  # set_mocks finished a root stack up front; run in a fresh one, as `pulumi up` does
-    _sync_await(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt raised in it, then waits forever
+        _sync_await(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
     return Plan(monitor.planned, monitor.outputs)
 
 

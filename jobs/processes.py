@@ -11,13 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from infra.signals import signals_deferred
+
 GRACE_SECONDS = 10.0
 
 
@@ -36,23 +34,6 @@ def _as_ctrl_c(_signum: int, _frame) -> None:
         except ProcessLookupError:
             pass
     raise KeyboardInterrupt
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM until the block is done (then deliver the first), so it is never cut in half."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {sig: signal.signal(sig, lambda number, _frame: received.append(number)) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if received:
-            signal.raise_signal(received[0])
 
 
 def _parents() -> dict[int, int]:

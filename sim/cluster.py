@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from jobs.processes import signals_deferred
 from sim import addons, karpenter, kwok, nodes, stack
 from sim.build import build_all
 from sim.controlplane import ControlPlane
@@ -85,8 +84,7 @@ class Sim:
         control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,),
                       (addons.TRAINING_OPERATOR_CA,))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
-        with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt, then waits forever
-            resources = plan(self.stack).resources
+        resources = plan(self.stack).resources
         pools = nodes.pools(resources, karpenter=self.karpenter)
         zones = [f"{config.region}{letter}" for letter in "abcdef"[: config.network.az_count]]
         node_list = list(nodes.node_manifests(pools, config.region, zones))

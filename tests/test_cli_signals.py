@@ -15,7 +15,8 @@ import yaml
 
 from cli_helpers import GPUYARD, REPO
 from test_ephemeral_stacks import GPUYARD as GPUYARD_ENTRY, fake_pulumi, sandbox  # noqa: F401 (fixtures)
-from jobs.processes import alive, descendants, interrupt_on_sigterm, signals_deferred
+from infra.signals import signals_deferred
+from jobs.processes import alive, descendants, interrupt_on_sigterm
 
 DEMO_FILES = 10
 

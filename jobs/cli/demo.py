@@ -24,7 +24,7 @@ from infra.config import load_stack
 from jobs.cli.errors import fail
 from jobs.cli.options import Stack, checked_output_dir, provenance
 from jobs.local_aws import LocalAWS
-from jobs.processes import signals_deferred, stop_tree
+from jobs.processes import stop_tree
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
 
 BUCKET = "gpuyard-demo"
@@ -160,10 +160,9 @@ def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
 
 def show_plan_summary(console: Console, stack: str) -> int:
     """What ``pulumi up`` would create for the stack, computed offline under Pulumi's mocks."""
-    with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt, then waits forever
-        from infra.plan import plan_summary  # the Pulumi SDKs load only here
+    from infra.plan import plan_summary  # the Pulumi SDKs load only here
 
-        count, per_type = plan_summary(stack)
+    count, per_type = plan_summary(stack)
     table = Table(title=f"pulumi up --stack {stack} would create {count} resources (gpuyard plan, offline)",
                   title_justify="left")
     table.add_column("resource type")

@@ -9,7 +9,6 @@ import typer
 from infra.config import ConfigError
 from jobs.cli.errors import fail
 from jobs.cli.options import Stack
-from jobs.processes import signals_deferred
 
 
 def plan_command(
@@ -19,13 +18,12 @@ def plan_command(
 ) -> None:
     """Run the real Pulumi program with mocks and show it like `pulumi preview`: every resource by type and name,
     the policy pack's verdicts, `+ N to create` (no cloud, no Pulumi CLI). Exit 1 on a policy violation."""
-    with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt, then waits forever
-        from infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
+    from infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
 
-        try:
-            resources = plan(stack.value).resources
-        except ConfigError as error:
-            fail(str(error))
+    try:
+        resources = plan(stack.value).resources
+    except ConfigError as error:
+        fail(str(error))
     verdicts = policy_verdicts(resources)
     if as_json:
         document = {"resources": [resource.to_json() for resource in resources], "policies": verdicts,

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from infra.config import StackConfig, Team
-from jobs.processes import signals_deferred
+from infra.signals import signals_deferred
 from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
 from jobs.placement import place, stack_pools
 from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
