@@ -8,9 +8,11 @@ from infra.addons import Addons, AddonsArgs
 from infra.cluster import Cluster, ClusterArgs
 from infra.config import StackConfig, parse_stack
 from infra.conventions import TAG_STACK
+from infra.images import kept_tags
 from infra.karpenter import Karpenter, KarpenterArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
+from infra.showback import stack_instance_types
 from infra.storage import Storage, StorageArgs
 from infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
                            TeamTenancy, deserved_gpus)
@@ -29,7 +31,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
     cluster = Cluster(
         "cluster",
         ClusterArgs(config.cluster_name, config.region, config.cluster, network.private_subnet_ids, aws_provider,
-                    vpc_cidr=config.network.cidr),
+                    vpc_cidr=config.network.cidr, protect_logs=config.storage.protect),
     )
     k8s = cluster.k8s_provider
     after_cluster = pulumi.ResourceOptions(depends_on=[cluster])
@@ -46,14 +48,19 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
             oidc_issuer=cluster.oidc_issuer,
             aws_provider=aws_provider,
             k8s_provider=k8s,
+            efa_zone=network.zones[0],  # the managed EFA groups' zone too (infra/cluster.py, first private subnet)
+            system_nodes=config.cluster.system_node_group.min_size,
         ),
         opts=after_cluster,
     )
     addons = Addons("addons", AddonsArgs(config.addons, k8s))
-    Monitoring("monitoring", MonitoringArgs(k8s))
+    Monitoring("monitoring", MonitoringArgs(k8s, tuple(stack_instance_types(config))))
     PriorityClasses("priority", PriorityClassesArgs(k8s))
     PodAdmission("pod-admission", PodAdmissionArgs(k8s))
-    storage = Storage("storage", StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider))
+    storage = Storage(
+        "storage",
+        StorageArgs(config.cluster_name, config.checkpoint_bucket, config.storage, aws_provider, kept_tags(config)),
+    )
     # Teams' TrainingRuntimes run the ddp image from the stack's own ECR repository.
     trainer_image = storage.repository_urls.apply(lambda urls: f"{urls['ddp']}:{config.image_tag}")
     shares = deserved_gpus(config.teams, config.karpenter.gpu_limit)

@@ -21,6 +21,7 @@ from infra.charts import (
 from infra.cluster import SYSTEM_NODES
 from infra.config import AddonsConfig
 from infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT
+from infra.gpu_access import DEVICE_LIST_STRATEGY
 from infra.operators import KUBERAY_BATCH_SCHEDULER, VOLCANO_SCHEDULER_CONF, VOLCANO_SCHEDULER_CONF_VALUES_KEY
 
 
@@ -33,6 +34,12 @@ def gpu_daemon_placement() -> dict:
     ``nvidia.com/gpu.present=true`` (every GPU node group and GPU NodePool), GPU taint tolerated. The device
     plugin chart's default affinity (pci-10de, cpu vendor NVIDIA or that label) still applies and is met."""
     return {"nodeSelector": {LABEL_GPU_PRESENT: "true"}, "tolerations": [gpu_toleration()]}
+
+
+def nvidia_plugin_values() -> dict:
+    """The NVIDIA device plugin on GPU nodes, handing out GPUs as volume mounts (chart value ``deviceListStrategy``,
+    NVIDIA/k8s-device-plugin v0.17.4 deployments/helm/nvidia-device-plugin/values.yaml): infra/gpu_access.py."""
+    return {**gpu_daemon_placement(), "deviceListStrategy": DEVICE_LIST_STRATEGY}
 
 
 def efa_plugin_values() -> dict:
@@ -89,7 +96,7 @@ class Addons(pulumi.ComponentResource):
 
     def _create_device_plugins(self) -> None:
         """GPUs (``nvidia.com/gpu``) and EFA interfaces (``vpc.amazonaws.com/efa``) as schedulable resources."""
-        self._release("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN, "nvidia-device-plugin", gpu_daemon_placement())
+        self._release("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN, "nvidia-device-plugin", nvidia_plugin_values())
         self._release("efa-device-plugin", EFA_DEVICE_PLUGIN, "kube-system", efa_plugin_values())
 
     def _create_volcano(self) -> kubernetes.helm.v3.Release:

@@ -8,16 +8,20 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Chart:
-    """A Helm chart at a fixed version; ``repo`` is empty for OCI charts (the chart name is the full reference)."""
+    """A Helm chart at a fixed version; ``repo`` is empty for OCI charts (the chart name is the full reference).
+    ``deploys`` is the version of what the chart installs (its appVersion) where that differs from the chart's."""
 
     name: str
     version: str
     repo: str = ""
+    deploys: str = ""
 
 
 KARPENTER = Chart("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.17.4", "https://nvidia.github.io/k8s-device-plugin")
-EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.8", "https://aws.github.io/eks-charts")
+# Chart v0.5.8 installs the EFA device plugin v0.5.5 (aws/eks-charts tag v0.0.194, commit 8b25c60,
+# stable/aws-efa-k8s-device-plugin/Chart.yaml: version v0.5.8, appVersion "v0.5.5"; values.yaml image.tag "v0.5.5").
+EFA_DEVICE_PLUGIN = Chart("aws-efa-k8s-device-plugin", "v0.5.8", "https://aws.github.io/eks-charts", deploys="v0.5.5")
 VOLCANO = Chart("volcano", "1.15.1", "https://volcano-sh.github.io/helm-charts")
 KUBERAY_OPERATOR = Chart("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/")
 KUBEFLOW_TRAINER = Chart("oci://ghcr.io/kubeflow/charts/kubeflow-trainer", "2.3.0")

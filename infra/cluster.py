@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
 from infra.config import ClusterConfig, GpuNodeGroupConfig, NodeGroupConfig
-from infra.conventions import GPU_TAINT_KEY, GPU_TAINT_VALUE, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT, LABEL_NODE_GROUP
+from infra.conventions import (GPU_TAINT_KEY, GPU_TAINT_VALUE, HUGEPAGES_EFA_NODE_PAGES, LABEL_EFA_PRESENT,
+                               LABEL_GPU_PRESENT, LABEL_NODE_GROUP)
+from infra.gpu_access import toolkit_script
 from infra.policies import service_assume_role_policy
 
 AMI_SYSTEM = "AL2023_x86_64_STANDARD"
@@ -30,7 +35,23 @@ EKS_ADDONS = ("vpc-cni", "coredns", "kube-proxy")
 # The vpc-cni add-on enforces NetworkPolicies only when asked to (add-on configuration value, a string;
 # awsdocs/amazon-eks-user-guide latest/ug/networking/cni-network-policy-configure.adoc).
 ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+# EKS installs vpc-cni, coredns and kube-proxy itself when it creates a cluster; creating the managed add-on over
+# them with configuration values fails on any conflicting field unless conflicts are resolved by OVERWRITE
+# (awsdocs/amazon-eks-user-guide latest/ug/workloads/eks-add-ons.adoc, --resolve-conflicts OVERWRITE: "If you remove
+# the option, and the Amazon EKS add-on needs to overwrite the configuration of an existing self-managed add-on, then
+# creation of the Amazon EKS add-on fails"). The stack's configuration values are the source of truth on updates too.
+ADDON_CONFLICTS = "OVERWRITE"
 API_PORT = 443
+# Managed EFA nodes reserve libfabric's 2 MiB huge pages before the kubelet starts, so it advertises them as
+# hugepages-2Mi and EFA pods requesting them schedule. The AL2023 AMI's sources set none: its EFA step is
+# `efa_installer.sh --minimal -y` (awslabs/amazon-eks-ami v20260724, templates/al2023/provisioners/install-efa.sh)
+# and no template or nodeadm file sets vm.nr_hugepages; the EKS user guide (latest/ug/ml/node-efa.adoc) says
+# instances with the EFA driver "pre-allocate 5128 2MiB Huge Pages", a claim about the installer the AMI's sources
+# cannot confirm, so the node group sets the same number itself. User data of a managed group with the EKS AMI is a
+# MIME multi-part archive merged with EKS's own (latest/ug/nodes/launch-templates.adoc); its shell script runs in
+# cloud-init's final stage, and nodeadm-run.service, which starts the kubelet, is ordered After=cloud-final.service
+# (amazon-eks-ami v20260724, templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service).
+HUGEPAGES_SYSCTL_FILE = "/etc/sysctl.d/90-gpuyard-efa-hugepages.conf"
 
 
 def control_plane_log_group(cluster_name: str) -> str:
@@ -70,14 +91,37 @@ def efa_network_interfaces(cards: int, security_group_id: pulumi.Input[str]) -> 
     ]
 
 
+def efa_hugepages_script(pages: int = HUGEPAGES_EFA_NODE_PAGES) -> str:
+    """The shell script reserving ``pages`` 2 MiB huge pages now and at every boot; it fails when the kernel
+    reserved fewer."""
+    return (
+        "#!/bin/bash\n"
+        "# gpuyard: libfabric's 2 MiB huge pages for EFA pods, reserved before the kubelet starts\n"
+        "set -euo pipefail\n"
+        f"echo 'vm.nr_hugepages = {pages}' > {HUGEPAGES_SYSCTL_FILE}\n"
+        f"sysctl -w vm.nr_hugepages={pages}\n"
+        f"test \"$(cat /proc/sys/vm/nr_hugepages)\" -ge {pages}\n"
+    )
+
+
+def node_user_data(scripts: list[str]) -> str:
+    """Base64 MIME multi-part user data holding one shell part per script, for EKS to merge with its own."""
+    archive = MIMEMultipart(boundary="==GPUYARD==")
+    for script in scripts:
+        archive.attach(MIMEText(script, "x-shellscript"))
+    return base64.b64encode(archive.as_bytes()).decode()
+
+
 def launch_template_spec(
-    disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None, efa_interfaces: int = 0
+    disk_gib: int, efa_security_group_id: pulumi.Input[str] | None = None, efa_interfaces: int = 0, gpu: bool = False
 ) -> dict:
     """Launch template inputs for managed nodes: IMDSv2 only with hop limit 1 (pods use IRSA and cannot reach the
     node role's credentials), encrypted gp3 root.
 
     With ``efa_interfaces`` the node gets that many EFA interfaces (one per network card) in the
-    ``efa_security_group_id`` (cluster) security group, which lets EFA traffic flow between the nodes.
+    ``efa_security_group_id`` (cluster) security group, which lets EFA traffic flow between the nodes, and reserves
+    the huge pages EFA pods request (``efa_hugepages_script``). GPU nodes set the container toolkit so only pods
+    that request GPUs get them (``toolkit_script``).
     """
     spec: dict = {
         "metadata_options": {
@@ -92,8 +136,12 @@ def launch_template_spec(
             }
         ],
     }
+    scripts = [toolkit_script()] if gpu else []
     if efa_interfaces:
         spec["network_interfaces"] = efa_network_interfaces(efa_interfaces, efa_security_group_id)
+        scripts.append(efa_hugepages_script())
+    if scripts:
+        spec["user_data"] = node_user_data(scripts)
     return spec
 
 
@@ -128,6 +176,7 @@ class ClusterArgs:
     private_subnet_ids: pulumi.Input[list[str]]
     aws_provider: aws.Provider
     vpc_cidr: str
+    protect_logs: bool = False  # the control-plane and audit log group survives `pulumi destroy` (prod)
 
 
 class Cluster(pulumi.ComponentResource):
@@ -152,7 +201,7 @@ class Cluster(pulumi.ComponentResource):
         self._create_api_access(cluster)
         oidc = self._create_oidc_provider(cluster)
         self._create_admin_access(cluster)
-        self._create_eks_addons(cluster)
+        addons = self._create_eks_addons(cluster)
         node_role = self._create_node_role()
         self.system_node_group = self._create_system_node_group(cluster, node_role)
         for group in args.config.gpu_node_groups:
@@ -164,7 +213,7 @@ class Cluster(pulumi.ComponentResource):
         self.oidc_issuer = cluster.identities[0].oidcs[0].issuer
         self.security_group_id = cluster.vpc_config.cluster_security_group_id
         self.kubeconfig = self._kubeconfig(cluster)
-        self.k8s_provider = self._create_kubernetes_provider()
+        self.k8s_provider = self._create_kubernetes_provider(addons)
         self.register_outputs(
             {
                 "name": self.name,
@@ -206,11 +255,12 @@ class Cluster(pulumi.ComponentResource):
         return key
 
     def _create_log_group(self) -> aws.cloudwatch.LogGroup:
+        """Control-plane and audit logs; protected like the checkpoint bucket where the stack keeps its data."""
         return aws.cloudwatch.LogGroup(
             f"{self._name}-control-plane-logs",
             name=control_plane_log_group(self._args.cluster_name),
             retention_in_days=self._args.config.log_retention_days,
-            opts=self._opts,
+            opts=pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(protect=self._args.protect_logs)),
         )
 
     def _create_control_plane(self, key: aws.kms.Key, log_group: aws.cloudwatch.LogGroup) -> aws.eks.Cluster:
@@ -277,13 +327,17 @@ class Cluster(pulumi.ComponentResource):
                 opts=self._opts,
             )
 
-    def _create_eks_addons(self, cluster: aws.eks.Cluster) -> None:
+    def _create_eks_addons(self, cluster: aws.eks.Cluster) -> list[aws.eks.Addon]:
+        addons = []
         for addon in EKS_ADDONS:
             configuration = ADDON_CONFIGURATION.get(addon)
-            aws.eks.Addon(
+            addons.append(aws.eks.Addon(
                 f"{self._name}-{addon}", cluster_name=cluster.name, addon_name=addon,
-                configuration_values=json.dumps(configuration) if configuration else None, opts=self._opts,
-            )
+                configuration_values=json.dumps(configuration) if configuration else None,
+                resolve_conflicts_on_create=ADDON_CONFLICTS, resolve_conflicts_on_update=ADDON_CONFLICTS,
+                opts=self._opts,
+            ))
+        return addons
 
     def _create_node_role(self) -> aws.iam.Role:
         return self._role("node", "ec2.amazonaws.com", NODE_POLICIES)
@@ -329,7 +383,7 @@ class Cluster(pulumi.ComponentResource):
         self, cluster: aws.eks.Cluster, role: aws.iam.Role, group: GpuNodeGroupConfig
     ) -> aws.eks.NodeGroup:
         security_group = cluster.vpc_config.cluster_security_group_id if group.efa else None
-        spec = launch_template_spec(group.disk_gib, security_group, group.efa_interfaces)
+        spec = launch_template_spec(group.disk_gib, security_group, group.efa_interfaces, gpu=True)
         subnet_ids = self._args.private_subnet_ids
         if group.efa:
             placement = aws.ec2.PlacementGroup(f"{self._name}-{group.name}", strategy="cluster", opts=self._opts)
@@ -347,10 +401,13 @@ class Cluster(pulumi.ComponentResource):
             )
         )
 
-    def _create_kubernetes_provider(self) -> kubernetes.Provider:
+    def _create_kubernetes_provider(self, addons: list[aws.eks.Addon]) -> kubernetes.Provider:
+        """Every Kubernetes object goes through this provider, so it is created after the system nodes and the EKS
+        add-ons and deleted before them: operators, Karpenter and their finalizers still have pod networking
+        (vpc-cni, kube-proxy) and DNS (coredns, which Karpenter needs to reach EC2) while they are torn down."""
         return kubernetes.Provider(
             f"{self._name}-k8s",
             kubeconfig=self.kubeconfig,
             enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_node_group]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_node_group, *addons]),
         )

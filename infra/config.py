@@ -17,19 +17,27 @@ from typing import Annotated, Any, Literal
 from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from infra.instance_types import GPU_INSTANCE_TYPES
+from infra.instance_types import GPU_INSTANCE_TYPES, check_instance_type
 from infra.eks_versions import check_version
-from infra.conventions import PRIORITY_CLASSES
+from infra.conventions import PRIORITY_CLASSES, RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES, RESERVED_QUEUES
+from infra.image_reference import ImageReference
 from infra.regions import COMMERCIAL_REGIONS
-from infra.stack_file import StackFileError, read_config
-from infra.validation import validation_message
+from infra.stack_file import STACK_NAME, StackFileError, check_stack_name, read_config
+from infra.validation import as_typed, validation_message
 
 PROJECT = "gpuyard"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 STACKS_DIR_ENV = "GPUYARD_STACKS_DIR"
 
+ROLE_ARN = r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$"
 Label = Annotated[str, Field(pattern=DNS1123_LABEL, max_length=63)]
-RoleArn = Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/.+$")]
+RoleArn = Annotated[str, Field(pattern=ROLE_ARN)]
+# The largest cluster Kubernetes supports is 5,000 nodes (kubernetes.io/docs/setup/best-practices/cluster-large);
+# the largest nodes gpuyard knows have 8 GPUs, 192 vCPUs and 2 TiB: sizes, limits and quotas beyond those are typos.
+MAX_NODES = 5000
+MAX_GPUS = MAX_NODES * 8
+MAX_CPUS = MAX_NODES * 192
+MAX_MEMORY_GIB = MAX_NODES * 2048
 
 
 class ConfigError(ValueError):
@@ -48,10 +56,10 @@ class Team(Frozen):
     queue: Label | None = None
     # the team's share of the GPU pool is queue_weight / all teams' (its Volcano Queue's ``deserved``)
     queue_weight: Annotated[int, Field(ge=1, le=1000)] = 1
-    gpu_quota: Annotated[int, Field(ge=0)] = 8
-    cpu_quota: Annotated[int, Field(ge=1)] = 64
-    memory_quota_gib: Annotated[int, Field(ge=1)] = 256
-    image: str | None = None
+    gpu_quota: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 8
+    cpu_quota: Annotated[int, Field(ge=1, le=MAX_CPUS)] = 64
+    memory_quota_gib: Annotated[int, Field(ge=1, le=MAX_MEMORY_GIB)] = 256
+    image: ImageReference | None = None
     service_account: Label | None = None
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
     priority_class: Literal[tuple(PRIORITY_CLASSES)] = "gpuyard-normal"
@@ -78,8 +86,25 @@ class Team(Frozen):
         for field, value in defaults.items():
             if getattr(self, field) is None:
                 object.__setattr__(self, field, value)
-        object.__setattr__(self, "checkpoint_prefix", self.checkpoint_prefix.strip("/"))
+        # ends at "/": an IAM ``s3:prefix`` of teams/nlp would also match teams/nlp-2/ (infra/policies.py)
+        object.__setattr__(self, "checkpoint_prefix", self.checkpoint_prefix.strip("/") + "/")
         return self
+
+    @model_validator(mode="after")
+    def _not_reserved(self) -> "Team":
+        if self.namespace in RESERVED_NAMESPACES or self.namespace.startswith(RESERVED_NAMESPACE_PREFIX):
+            raise ValueError(f"team {self.name!r}: namespace {self.namespace!r} is reserved (kube-*, "
+                             f"{', '.join(n for n in RESERVED_NAMESPACES if not n.startswith('kube-'))})")
+        if self.queue in RESERVED_QUEUES:
+            raise ValueError(f"team {self.name!r}: queue {self.queue!r} is Volcano's own "
+                             f"({', '.join(RESERVED_QUEUES)} are reserved)")
+        return self
+
+    @property
+    def priority_classes(self) -> tuple[str, ...]:
+        """The PriorityClasses the team's pods may use: its own and every lower one (admission enforces it)."""
+        ceiling = PRIORITY_CLASSES[self.priority_class]
+        return tuple(name for name, value in PRIORITY_CLASSES.items() if value <= ceiling)
 
 
 # Instance type families (the part before the first dot) the cluster knows how to run.
@@ -102,6 +127,10 @@ def _check_families(instance_types: tuple[str, ...], known: frozenset[str], kind
                 f"unknown {kind} instance type family {instance_family(instance_type)!r} in {instance_type!r} "
                 f"(known: {', '.join(sorted(known))})"
             )
+        check_instance_type(instance_type)
+    duplicates = sorted({t for t in instance_types if instance_types.count(t) > 1})
+    if duplicates:
+        raise ValueError(f"instance type {duplicates[0]!r} listed twice")
 
 
 class NetworkConfig(Frozen):
@@ -113,12 +142,12 @@ class NetworkConfig(Frozen):
 
     @model_validator(mode="after")
     def _cidr_fits_subnets(self) -> "NetworkConfig":
-        try:
-            network = ipaddress.ip_network(self.cidr)
-        except ValueError:
-            raise ValueError(f"cidr {self.cidr!r} is not an IPv4 network") from None
-        if network.version != 4 or network.prefixlen > 20:
-            raise ValueError(f"cidr {self.cidr!r} must be an IPv4 network of /20 or larger")
+        network = _network("cidr", self.cidr)
+        # AWS: a VPC's IPv4 block is /16 to /28 (VPC user guide, "VPC CIDR blocks"); network.subnet_cidrs cuts
+        # eighths of eighths, so the smallest VPC with /28 public subnets would be /22, and pods need /20.
+        if network.version != 4 or not 16 <= network.prefixlen <= 20:
+            raise ValueError(f"cidr {self.cidr!r} must be an IPv4 network from /16 (the largest VPC AWS "
+                             "allows) to /20 (the smallest gpuyard's subnets fit)")
         return self
 
 
@@ -127,9 +156,9 @@ class NodeGroupConfig(Frozen):
 
     name: Label
     instance_types: Annotated[tuple[str, ...], Field(min_length=1)]
-    min_size: Annotated[int, Field(ge=0)] = 1
-    desired_size: Annotated[int, Field(ge=0)] = 1
-    max_size: Annotated[int, Field(ge=1)] = 3
+    min_size: Annotated[int, Field(ge=0, le=MAX_NODES)] = 1
+    desired_size: Annotated[int, Field(ge=0, le=MAX_NODES)] = 1
+    max_size: Annotated[int, Field(ge=1, le=MAX_NODES)] = 3
     disk_gib: Annotated[int, Field(ge=20, le=16384)] = 100
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -150,8 +179,8 @@ class SystemNodeGroupConfig(NodeGroupConfig):
 
     name: Label = "system"
     instance_types: Annotated[tuple[str, ...], Field(min_length=1)] = ("m6i.xlarge",)
-    min_size: Annotated[int, Field(ge=1)] = 2
-    desired_size: Annotated[int, Field(ge=1)] = 2
+    min_size: Annotated[int, Field(ge=1, le=MAX_NODES)] = 2
+    desired_size: Annotated[int, Field(ge=1, le=MAX_NODES)] = 2
 
     @model_validator(mode="after")
     def _cpu_families(self) -> "SystemNodeGroupConfig":
@@ -162,8 +191,8 @@ class SystemNodeGroupConfig(NodeGroupConfig):
 class GpuNodeGroupConfig(NodeGroupConfig):
     """GPU nodes, tainted; with ``efa`` they get EFA interfaces in one AZ and a cluster placement group."""
 
-    min_size: Annotated[int, Field(ge=0)] = 0
-    desired_size: Annotated[int, Field(ge=0)] = 0
+    min_size: Annotated[int, Field(ge=0, le=MAX_NODES)] = 0
+    desired_size: Annotated[int, Field(ge=0, le=MAX_NODES)] = 0
     efa: bool = False
 
     @model_validator(mode="after")
@@ -188,14 +217,29 @@ class GpuNodeGroupConfig(NodeGroupConfig):
         return GPU_INSTANCE_TYPES[self.instance_types[0]].efa if self.efa else 0
 
 
-def _networks(key: str, cidrs: tuple[str, ...]) -> None:
+def _network(key: str, cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(cidr)
+    except ValueError:
+        raise ValueError(f"{key}: {cidr!r} is not a CIDR network (like 10.0.0.0/16, no host bits set)") from None
+
+
+def _networks(key: str, cidrs: tuple[str, ...], vpc: str | None = None) -> None:
+    """Each a network that is not the whole internet; none repeating or inside another (nor inside ``vpc``, which
+    is admitted already): AWS refuses a duplicate security group rule (InvalidPermission.Duplicate)."""
+    networks = []
     for cidr in cidrs:
-        try:
-            network = ipaddress.ip_network(cidr)
-        except ValueError:
-            raise ValueError(f"{key}: {cidr!r} is not a CIDR network") from None
+        network = _network(key, cidr)
         if network.prefixlen == 0:
             raise ValueError(f"{key}: {cidr!r} opens the Kubernetes API to the whole internet; list your networks")
+        if network.version != 4:
+            raise ValueError(f"{key}: {cidr!r} is not an IPv4 network (the cluster's rules and endpoint take IPv4)")
+        for other in networks:
+            if network.overlaps(other):
+                raise ValueError(f"{key}: {cidr!r} overlaps {str(other)!r} listed before it; list each network once")
+        if vpc is not None and network.overlaps(ipaddress.ip_network(vpc)):
+            raise ValueError(f"{key}: {cidr!r} overlaps the VPC {vpc}, which reaches the endpoint already")
+        networks.append(network)
 
 
 class ClusterConfig(Frozen):
@@ -218,6 +262,13 @@ class ClusterConfig(Frozen):
     admin_role_arns: tuple[RoleArn, ...] = ()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     gpu_node_groups: tuple[GpuNodeGroupConfig, ...] = ()
+
+    @field_validator("log_retention_days", mode="before")
+    @classmethod
+    def _days_not_true(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic matches true to the literal 1
+            raise ValueError(f"cluster.log_retention_days must be one of {', '.join(map(str, LOG_RETENTION_DAYS))}")
+        return value
 
     @model_validator(mode="after")
     def _supported_version(self, info: ValidationInfo) -> "ClusterConfig":
@@ -259,8 +310,8 @@ class KarpenterConfig(Frozen):
 
     gpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("g5", "g6", "g6e", "p4d", "p5")
     cpu_families: Annotated[tuple[str, ...], Field(min_length=1)] = ("c7i", "m7i", "r7i")
-    gpu_limit: Annotated[int, Field(ge=1)] = 64
-    cpu_limit: Annotated[int, Field(ge=1)] = 1000
+    gpu_limit: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 64
+    cpu_limit: Annotated[int, Field(ge=1, le=MAX_CPUS)] = 1000
     spot: bool = True
 
     @model_validator(mode="after")
@@ -286,7 +337,7 @@ class StorageConfig(Frozen):
     ``force_destroy`` empties them on destroy (short-lived stacks); ``protect`` makes destroy stop at them.
     """
 
-    noncurrent_days: Annotated[int, Field(ge=1)] = 30
+    noncurrent_days: Annotated[int, Field(ge=1, le=36500)] = 30  # S3 lifecycle NoncurrentDays: a century at most
     force_destroy: bool = False
     protect: bool = False
 
@@ -300,7 +351,7 @@ class StorageConfig(Frozen):
 class Lease(Frozen):
     """Owner and expiry of a short-lived stack (``gpuyard:lease``, written by ``gpuyard env create``)."""
 
-    owner: Annotated[str, Field(min_length=1, max_length=64)]
+    owner: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
     team: Label | None = None
     expires_at: AwareDatetime
 
@@ -335,7 +386,17 @@ class StackConfig(Frozen):
     @model_validator(mode="after")
     def _default_checkpoint_bucket(self) -> "StackConfig":
         if self.checkpoint_bucket is None:
-            object.__setattr__(self, "checkpoint_bucket", f"{self.cluster_name}-checkpoints")
+            bucket = default_checkpoint_bucket(self.cluster_name)
+            if len(bucket) > MAX_BUCKET_NAME:
+                raise ValueError(f"{PROJECT}:cluster_name {self.cluster_name!r} makes the checkpoint bucket {bucket} "
+                                 f"({len(bucket)} characters; S3 takes {MAX_BUCKET_NAME}): shorten it or set "
+                                 f"{PROJECT}:checkpoint_bucket")
+            object.__setattr__(self, "checkpoint_bucket", bucket)
+        return self
+
+    @model_validator(mode="after")
+    def _private_access_outside_the_vpc(self) -> "StackConfig":
+        _networks(f"{PROJECT}:cluster.private_access_cidrs", self.cluster.private_access_cidrs, vpc=self.network.cidr)
         return self
 
     @model_validator(mode="after")
@@ -349,12 +410,30 @@ class StackConfig(Frozen):
                 seen.add(value)
         return self
 
+    @model_validator(mode="after")
+    def _prefixes_apart(self) -> "StackConfig":
+        """No team's checkpoint prefix lies inside another's: the outer team could read and delete the inner's."""
+        for outer in self.teams:
+            for inner in self.teams:
+                if inner is not outer and inner.checkpoint_prefix.startswith(outer.checkpoint_prefix):
+                    raise ValueError(f"team {inner.name!r}: checkpoint_prefix {inner.checkpoint_prefix!r} lies "
+                                     f"inside {outer.checkpoint_prefix!r} of team {outer.name!r}")
+        return self
+
     def team(self, name: str) -> Team:
         for team in self.teams:
             if team.name == name:
                 return team
         known = ", ".join(t.name for t in self.teams) or "none"
         raise ConfigError(f"unknown team {name!r} in stack {self.stack!r} (teams: {known})")
+
+
+MAX_BUCKET_NAME = 63  # S3 bucket naming rules: 3 to 63 characters
+
+
+def default_checkpoint_bucket(cluster_name: str) -> str:
+    """The bucket a stack that names none gets: ``<cluster_name>-checkpoints``."""
+    return f"{cluster_name}-checkpoints"
 
 
 def _decoded(value: Any) -> Any:
@@ -368,17 +447,38 @@ def _decoded(value: Any) -> Any:
     return value
 
 
+# What the regular expressions of the fields demand, in words.
+RULES = {
+    DNS1123_LABEL: "a DNS label: lower-case letters, digits and '-', starting and ending with a letter or digit",
+    ROLE_ARN: "an IAM role ARN (arn:aws:iam::<12-digit account>:role/<name>)",
+    r"^[^\x00-\x1f\x7f]+$": "text without control characters (newlines, tabs)",
+}
+NOT_STACK_KEYS = ("stack", "region")  # StackConfig fields that come from the stack's name and aws:region
+
+
 def parse_stack(stack: str, values: dict[str, Any], today: date | None = None) -> StackConfig:
     """Build a StackConfig from the ``gpuyard:`` and ``aws:`` keys of a stack's config (EKS version support judged
-    on ``today``, UTC, by default the real one)."""
+    on ``today``, UTC, by default the real one).
+
+    Validated strictly, as JSON: ``true`` is no number and ``"8"`` no count (Pulumi hands the program structured
+    values as JSON, so both readings of a stack see the same types)."""
     ours = {k.split(":", 1)[1]: _decoded(v) for k, v in values.items() if k.startswith(f"{PROJECT}:")}
+    for key in NOT_STACK_KEYS:
+        if key in ours:
+            raise ConfigError(f"stack {stack!r}: {PROJECT}:{key}: unknown key (the stack's name and aws:region "
+                              "set it)")
     if "aws:region" in values:
-        ours.setdefault("region", values["aws:region"])
-    ours.setdefault("stack", stack)
+        ours["region"] = values["aws:region"]
+    ours["stack"] = stack
     try:
-        return StackConfig.model_validate(ours, context={"today": today})
+        document = json.dumps(ours, allow_nan=False)
+    except ValueError:
+        raise ConfigError(f"stack {stack!r}: .nan and .inf are no config values") from None
+    try:
+        return StackConfig.model_validate_json(document, strict=True, context={"today": today})
     except ValidationError as error:
-        raise ConfigError(f"stack {stack!r}: {validation_message(error, with_input=False, where=stack_key)}") from None
+        message = validation_message(error, where=stack_key, rules=RULES, shown=as_typed)
+        raise ConfigError(f"stack {stack!r}: {message}") from None
 
 
 def stack_key(location: tuple) -> str:
@@ -396,15 +496,33 @@ def stacks_dir() -> Path:
 
 
 def stack_file(stack: str, directory: Path | None = None) -> Path:
-    return (directory or stacks_dir()) / f"Pulumi.{stack}.yaml"
+    """``Pulumi.<stack>.yaml`` in ``directory`` (default: stacks_dir()); ConfigError unless ``stack`` is a valid name."""
+    try:
+        return (directory or stacks_dir()) / f"Pulumi.{check_stack_name(stack)}.yaml"
+    except StackFileError as error:
+        raise ConfigError(str(error)) from None
+
+
+def available_stacks(directory: Path | None = None) -> list[str]:
+    """The stacks of ``directory`` (default: stacks_dir()): every regular file ``Pulumi.<valid name>.yaml``;
+    anything else there (editor backups, folders, other names) is ignored."""
+    folder = directory or stacks_dir()
+    try:
+        names = [entry.name for entry in folder.iterdir()]
+    except OSError:
+        return []
+    stacks = [name[len("Pulumi."):-len(".yaml")] for name in names
+              if name.startswith("Pulumi.") and name.endswith(".yaml")]
+    return sorted(name for name in stacks if STACK_NAME.fullmatch(name) and (folder / f"Pulumi.{name}.yaml").is_file())
 
 
 def load_stack(stack: str, directory: Path | None = None) -> StackConfig:
     """Read and validate ``Pulumi.<stack>.yaml``; a ConfigError names what is wrong."""
     path = stack_file(stack, directory)
     if not path.is_file():
-        available = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in path.parent.glob("Pulumi.*.yaml"))
-        raise ConfigError(f"unknown stack {stack!r}: no {path} (stacks: {', '.join(available) or 'none'})")
+        known = ", ".join(available_stacks(path.parent)) or "none"
+        what = "is not a regular file" if path.exists() or path.is_symlink() else "does not exist"
+        raise ConfigError(f"unknown stack {stack!r}: {path} {what} (stacks: {known})")
     try:
         return parse_stack(stack, read_config(path))
     except StackFileError as error:

@@ -26,6 +26,9 @@ LABEL_EFA_PRESENT = "vpc.amazonaws.com/efa.present"
 # EFA node groups request them; on Karpenter's EFA pool libfabric falls back to regular pages.
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 HUGEPAGES_EFA = "5120Mi"
+# What each managed EFA node reserves for them (infra/cluster.py efa_hugepages_script): the EKS user guide's figure
+# (latest/ug/ml/node-efa.adoc, 5128 pages of 2 MiB, 10 GiB), twice one EFA pod's request.
+HUGEPAGES_EFA_NODE_PAGES = 5128
 
 # Karpenter NodePools and the node labels that select them.
 NODEPOOL_GPU_ON_DEMAND = "gpu-on-demand"
@@ -41,8 +44,24 @@ ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
 # Gang scheduling.
 SCHEDULER_NAME = "volcano"
-# Volcano queue of a pod (volcano.sh/apis, pkg/apis/scheduling/v1beta1/labels.go QueueNameAnnotationKey).
+# Volcano queue of a pod (volcano.sh/apis, pkg/apis/scheduling/v1beta1/labels.go QueueNameAnnotationKey). On a
+# namespace it is that namespace's queue: Volcano's PodGroup webhook puts a PodGroup naming the ``default`` queue
+# there instead (volcano-sh/volcano v1.15.1 pkg/webhooks/admission/podgroups/mutate/mutate_podgroup.go).
 ANNOTATION_QUEUE_NAME = "scheduling.volcano.sh/queue-name"
+# Queue label and annotation of the Volcano Job controller (pkg/controllers/job/job_controller_util.go, batch
+# QueueNameKey) and KubeRay's queue label (ray-operator/controllers/ray/batchscheduler/volcano/volcano_scheduler.go).
+LABEL_QUEUE_NAME = "volcano.sh/queue-name"
+# Queues Volcano creates itself (v1.15.1 pkg/scheduler/cache/cache.go, newDefaultAndRootQueue): never a team's.
+RESERVED_QUEUES = ("default", "root")
+# Namespaces that are never a team's: Kubernetes' own (``kube-*``, ``default``) and every namespace the stack
+# installs software into (tests/test_contracts_tenancy.py checks the plan uses no other).
+RESERVED_NAMESPACE_PREFIX = "kube-"
+RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease", "volcano-system",
+                       "volcano-monitoring", "kubeflow", "kubeflow-system", "mpi-operator", "kuberay-system",
+                       "monitoring", "nvidia-device-plugin")
+# A team namespace carries one label per PriorityClass its pods and PodGroups may use (the admission policies read
+# them, infra/admission.py): ``priority-class.gpuyard.io/gpuyard-low: allowed``.
+LABEL_PRIORITY_CLASS_PREFIX = "priority-class.gpuyard.io/"
 # Kubeflow Trainer v2: each team's namespaced TrainingRuntime for torchrun jobs (infra/trainer_runtime.py).
 TRAINING_RUNTIME = "torch-distributed"
 PRIORITY_CLASSES = {"gpuyard-high": 100000, "gpuyard-normal": 10000, "gpuyard-low": 1000}
@@ -93,3 +112,16 @@ def container_security() -> dict:
 # deadline, so a large checkpoint gets longer. The NodePools' terminationGracePeriod agrees (infra/karpenter.py).
 SPOT_NOTICE_SECONDS = 120
 GRACE_PERIOD_SECONDS: dict[str, int] = {"spot": 90, "on-demand": 300}
+
+# The trainer's exit statuses, which every kind's retry rule reads (jobs/render/*, infra/trainer_runtime.py):
+# 143 (128 + SIGTERM) "stopped or lost a peer: run me again", 1 "the loss or weights went non-finite" and 2 "another
+# run holds the checkpoint prefix, or the arguments do not match its checkpoints" are final (a rerun fails alike).
+# The Training Operator's ExitCode policy retries 128-255 and never 1-127 (kubeflow/training-operator v1.9.0,
+# pkg/util/train/train_util.go IsRetryableExitCode): every status a launcher returns for a signal is retried.
+EXIT_NONFINITE = 1
+EXIT_CONFLICT = 2
+EXIT_RETRYABLE = 143
+FINAL_EXIT_CODES = (EXIT_NONFINITE, EXIT_CONFLICT)
+# How often a job is rerun after a retryable exit, unless a template says otherwise (the TrainJob API has none: its
+# team's TrainingRuntime carries this one).
+DEFAULT_MAX_RESTARTS = 3

@@ -1,4 +1,5 @@
-"""Monitoring: kube-prometheus-stack, the DCGM exporter, a PodMonitor for training pods and the Grafana dashboard."""
+"""Monitoring: kube-prometheus-stack, the DCGM exporter, a PodMonitor for training pods, the showback recording rules
+and the Grafana dashboards."""
 
 from __future__ import annotations
 
@@ -12,19 +13,23 @@ from infra.addons import gpu_daemon_placement
 from infra.cluster import SYSTEM_NODES
 from infra.charts import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, Chart, release_args
 from infra.conventions import LABEL_PART_OF, METRICS_PORT_NAME, PART_OF
-from infra.dashboard import training_dashboard
+from infra.dashboard import showback_dashboard, training_dashboard
+from infra.showback import KSM_LABELS_ALLOWLIST, prometheus_rule_spec
 
 NAMESPACE = "monitoring"
 DASHBOARD_LABEL = "grafana_dashboard"
 
 
 def prometheus_stack_values(retention: str = "15d") -> dict:
-    """Prometheus picks up every PodMonitor/ServiceMonitor; Grafana's sidecar loads labelled dashboard ConfigMaps."""
+    """Prometheus picks up every PodMonitor, ServiceMonitor and PrometheusRule; kube-state-metrics exports the node
+    and pod labels showback reads (infra/showback.py); Grafana's sidecar loads labelled dashboard ConfigMaps."""
     return {
+        "kube-state-metrics": {"metricLabelsAllowlist": list(KSM_LABELS_ALLOWLIST)},
         "prometheus": {
             "prometheusSpec": {
                 "podMonitorSelectorNilUsesHelmValues": False,
                 "serviceMonitorSelectorNilUsesHelmValues": False,
+                "ruleSelectorNilUsesHelmValues": False,
                 "retention": retention,
                 "nodeSelector": SYSTEM_NODES,
             }
@@ -36,7 +41,9 @@ def prometheus_stack_values(retention: str = "15d") -> dict:
 
 
 def dcgm_exporter_values() -> dict:
-    return {**gpu_daemon_placement(), "serviceMonitor": {"enabled": True, "interval": "15s"}}
+    """GPU metrics keep the ``namespace`` and ``pod`` of the pod using the GPU (honorLabels: the scrape target's own
+    ``namespace``/``pod``, the exporter's, would otherwise win and rename them ``exported_*``)."""
+    return {**gpu_daemon_placement(), "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True}}
 
 
 def training_pod_monitor_spec() -> dict:
@@ -51,6 +58,7 @@ def training_pod_monitor_spec() -> dict:
 @dataclass(frozen=True)
 class MonitoringArgs:
     k8s_provider: kubernetes.Provider
+    instance_types: tuple[str, ...] = ()  # what the stack may run: priced by the showback rules
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -63,7 +71,9 @@ class Monitoring(pulumi.ComponentResource):
         stack = self._create_prometheus_stack()
         self._create_dcgm_exporter(stack)
         self._create_pod_monitor(stack)
-        self._create_dashboard(stack)
+        self._create_showback_rules(stack)
+        self._create_dashboard(stack, "dashboard", "gpuyard-training", training_dashboard())
+        self._create_dashboard(stack, "showback-dashboard", "gpuyard-showback", showback_dashboard())
         self.register_outputs({})
 
     def _opts(self, *depends_on: pulumi.Resource) -> pulumi.ResourceOptions:
@@ -90,14 +100,21 @@ class Monitoring(pulumi.ComponentResource):
             opts=self._opts(stack),
         )
 
-    def _create_dashboard(self, stack: kubernetes.helm.v3.Release) -> None:
+    def _create_showback_rules(self, stack: kubernetes.helm.v3.Release) -> None:
+        kubernetes.apiextensions.CustomResource(
+            f"{self._name}-showback",
+            api_version="monitoring.coreos.com/v1",
+            kind="PrometheusRule",
+            metadata={"name": "gpuyard-showback", "namespace": NAMESPACE, "labels": {LABEL_PART_OF: PART_OF}},
+            spec=prometheus_rule_spec(self._args.instance_types),
+            opts=self._opts(stack),
+        )
+
+    def _create_dashboard(self, stack: kubernetes.helm.v3.Release, suffix: str, name: str, board: dict) -> None:
         kubernetes.core.v1.ConfigMap(
-            f"{self._name}-dashboard",
-            metadata={
-                "name": "gpuyard-training-dashboard",
-                "namespace": NAMESPACE,
-                "labels": {DASHBOARD_LABEL: "1", LABEL_PART_OF: PART_OF},
-            },
-            data={"gpuyard-training.json": json.dumps(training_dashboard(), indent=1, sort_keys=True)},
+            f"{self._name}-{suffix}",
+            metadata={"name": f"{name}-dashboard", "namespace": NAMESPACE,
+                      "labels": {DASHBOARD_LABEL: "1", LABEL_PART_OF: PART_OF}},
+            data={f"{name}.json": json.dumps(board, indent=1, sort_keys=True)},
             opts=self._opts(stack),
         )

@@ -47,6 +47,7 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     public_subnet_ids: pulumi.Output[list[str]]
     private_subnet_ids: pulumi.Output[list[str]]
+    zones: list[str]  # the AZ of each private (and public) subnet, in the same order
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpuyard:network:Network", name, None, opts)
@@ -60,6 +61,7 @@ class Network(pulumi.ComponentResource):
         nats = self._create_nat_gateways(public)
         private = self._create_private_subnets(vpc, nats, zones)
         self.vpc_id = vpc.id
+        self.zones = zones
         self.public_subnet_ids = pulumi.Output.all(*[subnet.id for subnet in public])
         self.private_subnet_ids = pulumi.Output.all(*[subnet.id for subnet in private])
         self.register_outputs(
@@ -75,7 +77,8 @@ class Network(pulumi.ComponentResource):
             state="available", opts=pulumi.InvokeOptions(parent=self, provider=self._args.aws_provider)
         ).names
         if len(zones) < self._args.config.az_count:
-            raise ConfigError(f"network.az_count is {self._args.config.az_count} but the region has {len(zones)} AZs")
+            raise ConfigError(f"gpuyard:network.az_count is {self._args.config.az_count} but the region has "
+                              f"{len(zones)} AZs")
         return list(zones[: self._args.config.az_count])
 
     def _create_vpc(self) -> aws.ec2.Vpc:

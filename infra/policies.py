@@ -43,8 +43,9 @@ def irsa_assume_role_policy(oidc_provider_arn: str, issuer_url: str, namespace: 
 
 
 def team_checkpoint_policy(bucket_arn: str, prefix: str) -> dict:
-    """Read/write objects under ``<bucket>/<prefix>/*`` and list only that prefix."""
-    prefix = prefix.strip("/")
+    """Read/write objects under ``<bucket>/<prefix>*`` and list only that prefix; ``prefix`` ends with ``/``, so
+    ``teams/nlp/`` never matches ``teams/nlp-2/...`` (``s3:prefix`` and object ARNs compare characters, not path
+    segments: IAM User Guide, "Amazon S3 condition keys", s3:prefix)."""
     return {
         "Version": VERSION,
         "Statement": [
@@ -52,14 +53,14 @@ def team_checkpoint_policy(bucket_arn: str, prefix: str) -> dict:
                 "Sid": "TeamObjects",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                "Resource": f"{bucket_arn}/{prefix}/*",
+                "Resource": f"{bucket_arn}/{prefix}*",
             },
             {
                 "Sid": "TeamListing",
                 "Effect": "Allow",
                 "Action": "s3:ListBucket",
                 "Resource": bucket_arn,
-                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}},
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*", prefix]}},
             },
         ],
     }
@@ -113,7 +114,7 @@ def karpenter_controller_policy(
     touch only what carries them already.
 
     Statement for statement the policies of aws/karpenter-provider-aws v1.14.1,
-    ``website/content/en/v1.14/getting-started/getting-started-with-karpenter/cloudformation.yaml``
+    ``website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml``
     (NodeLifecycle, IAMIntegration, EKSIntegration, Interruption, ZonalShift, ResourceDiscovery); partition and account
     come from the cluster's ARN.
     """

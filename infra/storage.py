@@ -27,16 +27,35 @@ def checkpoint_lifecycle_rules(noncurrent_days: int) -> list[dict]:
     ]
 
 
-def ecr_lifecycle_policy(keep: int = 50) -> dict:
-    """Keep the newest ``keep`` images of a repository."""
+def ecr_lifecycle_policy(kept_tags: tuple[str, ...], keep: int = 50) -> dict:
+    """Never expire an image tagged with one of ``kept_tags`` (what the stack's templates and TrainingRuntimes run);
+    of the rest, keep the newest ``keep``.
+
+    ECR's evaluation rules (docs.aws.amazon.com/AmazonECR/latest/userguide/LifecyclePolicies.html, "Lifecycle policy
+    evaluation rules"): an image that matches the tagging requirements of a higher-priority rule cannot be expired by
+    a lower-priority one, and an image is expired by at most one rule; a ``tagPatternList`` selects images with all
+    its patterns (lifecycle_policy_parameters.html), hence one rule per tag; a ``tagStatus: any`` rule must come last.
+    Tags are immutable, so each kept tag names one image: "more than 1" never holds and that rule expires nothing.
+    """
+    keep_rules = [
+        {
+            "rulePriority": priority,
+            "description": f"never expire {tag}: the stack runs it",
+            "selection": {"tagStatus": "tagged", "tagPatternList": [tag], "countType": "imageCountMoreThan",
+                          "countNumber": 1},
+            "action": {"type": "expire"},
+        }
+        for priority, tag in enumerate(sorted(kept_tags), start=1)
+    ]
     return {
         "rules": [
+            *keep_rules,
             {
-                "rulePriority": 1,
+                "rulePriority": len(keep_rules) + 1,
                 "description": f"keep the newest {keep} images",
                 "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": keep},
                 "action": {"type": "expire"},
-            }
+            },
         ]
     }
 
@@ -47,6 +66,7 @@ class StorageArgs:
     bucket_name: str
     config: StorageConfig
     aws_provider: aws.Provider
+    kept_tags: dict[str, tuple[str, ...]]  # image -> tags its lifecycle policy never expires (infra.images.kept_tags)
 
 
 class Storage(pulumi.ComponentResource):
@@ -136,6 +156,7 @@ class Storage(pulumi.ComponentResource):
             repository = aws.ecr.Repository(
                 f"{self._name}-{image}",
                 name=repository_name(self._args.cluster_name, image),
+                image_tag_mutability="IMMUTABLE",  # a tag a TrainingRuntime runs names one image, forever
                 image_scanning_configuration={"scan_on_push": True},
                 encryption_configurations=[{"encryption_type": "KMS"}],
                 force_delete=self._args.config.force_destroy,
@@ -144,7 +165,7 @@ class Storage(pulumi.ComponentResource):
             aws.ecr.LifecyclePolicy(
                 f"{self._name}-{image}",
                 repository=repository.name,
-                policy=json.dumps(ecr_lifecycle_policy()),
+                policy=json.dumps(ecr_lifecycle_policy(self._args.kept_tags[image])),
                 opts=self._opts,
             )
             repositories[image] = repository

@@ -16,13 +16,23 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
+from infra.admission import LANES, lane_binding_spec, lane_policy_name, lane_policy_spec
 from infra.config import Team
-from infra.conventions import GPU_RESOURCE, LABEL_PART_OF, LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES
+from infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_RESOURCE, LABEL_PART_OF, LABEL_PRIORITY_CLASS_PREFIX,
+                               LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES)
 from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
 from infra import trainer_runtime
 
-JOB_GROUPS = ("kubeflow.org", "ray.io", "batch.volcano.sh", "trainer.kubeflow.org")
+# What team members create (each kind has its admission lane, infra/admission.py); TrainingRuntimes they only read:
+# a runtime of their own could name any queue, priority and scheduler for the team's TrainJobs.
+JOB_RESOURCES = {
+    "kubeflow.org": ("pytorchjobs", "mpijobs"),
+    "ray.io": ("rayjobs", "rayclusters"),
+    "batch.volcano.sh": ("jobs",),
+    "trainer.kubeflow.org": ("trainjobs",),
+}
+READ_ONLY_JOB_RESOURCES = {"trainer.kubeflow.org": ("trainingruntimes",)}
 PSS_LABEL = "pod-security.kubernetes.io"  # kubernetes/pod-security-admission, api/constants.go
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 KUBE_DNS = {"k8s-app": "kube-dns"}  # CoreDNS pods of the EKS coredns add-on
@@ -40,19 +50,31 @@ def team_labels(team: Team) -> dict[str, str]:
 
 
 def team_namespace_labels(team: Team) -> dict[str, str]:
-    """The team labels (the admission policy selects namespaces by ``LABEL_TEAM``) and the enforced Pod Security
-    Standard, also audited and warned about so ``kubectl`` says why a pod is refused."""
+    """The team labels (the admission policies select namespaces by ``LABEL_TEAM``), one label per PriorityClass the
+    team may use (infra/admission.py), and the enforced Pod Security Standard, also audited and warned about so
+    ``kubectl`` says why a pod is refused."""
     pss = {f"{PSS_LABEL}/{mode}": team.pod_security for mode in ("enforce", "audit", "warn")}
-    return {**team_labels(team), **pss, f"{PSS_LABEL}/enforce-version": "latest"}
+    priorities = {f"{LABEL_PRIORITY_CLASS_PREFIX}{name}": "allowed" for name in team.priority_classes}
+    return {**team_labels(team), **priorities, **pss, f"{PSS_LABEL}/enforce-version": "latest"}
+
+
+def team_namespace_annotations(team: Team) -> dict[str, str]:
+    """The team's queue, where Volcano's PodGroup webhook reads a namespace's queue and the admission policies
+    read the team's."""
+    return {ANNOTATION_QUEUE_NAME: team.queue}
 
 
 def team_quota(team: Team) -> dict[str, str]:
-    """ResourceQuota ``hard``: the team's GPUs, CPUs and memory."""
+    """ResourceQuota ``hard``: the team's GPUs, CPUs and memory; no Service reaches outside the cluster (no load
+    balancer, no node port) and no Ingress is made (KubeRay makes one for ``enableIngress``)."""
     return {
         f"requests.{GPU_RESOURCE}": str(team.gpu_quota),
         "requests.cpu": str(team.cpu_quota),
         "requests.memory": f"{team.memory_quota_gib}Gi",
         "limits.memory": f"{team.memory_quota_gib}Gi",
+        "services.loadbalancers": "0",
+        "services.nodeports": "0",
+        "count/ingresses.networking.k8s.io": "0",
     }
 
 
@@ -100,7 +122,9 @@ def team_role_rules() -> list[dict]:
     """What team members may do in their namespace: run and inspect training jobs and their pods."""
     verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
     return [
-        {"apiGroups": list(JOB_GROUPS), "resources": ["*"], "verbs": verbs},
+        *({"apiGroups": [group], "resources": list(resources), "verbs": verbs} for group, resources in JOB_RESOURCES.items()),
+        *({"apiGroups": [group], "resources": list(resources), "verbs": ["get", "list", "watch"]}
+          for group, resources in READ_ONLY_JOB_RESOURCES.items()),
         {
             "apiGroups": [""],
             "resources": ["pods", "pods/log", "services", "configmaps", "events"],
@@ -294,7 +318,8 @@ class TeamTenancy(pulumi.ComponentResource):
         finalizers; the other way round the namespace hangs in Terminating."""
         return kubernetes.core.v1.Namespace(
             f"{self._name}-namespace",
-            metadata={"name": self._team.namespace, "labels": team_namespace_labels(self._team)},
+            metadata={"name": self._team.namespace, "labels": team_namespace_labels(self._team),
+                      "annotations": team_namespace_annotations(self._team)},
             opts=self._k8s(self._args.operators),
         )
 
@@ -402,20 +427,27 @@ class PodAdmissionArgs:
 
 
 class PodAdmission(pulumi.ComponentResource):
-    """The admission policy and binding that keep every team namespace's pods off the host."""
+    """The admission policies and bindings of every team namespace: pods off the host, and each team's pods,
+    PodGroups, jobs and Services in its lane (infra/admission.py)."""
 
     def __init__(self, name: str, args: PodAdmissionArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpuyard:tenancy:PodAdmission", name, None, opts)
-        k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
-        metadata = {"name": POD_ADMISSION_POLICY, "labels": {LABEL_PART_OF: PART_OF}}
+        self._name = name
+        self._k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
+        self._create_policy("", POD_ADMISSION_POLICY, pod_admission_policy_spec(), pod_admission_binding_spec())
+        for lane in LANES:
+            self._create_policy(f"-{lane.name}", lane_policy_name(lane), lane_policy_spec(lane), lane_binding_spec(lane))
+        self.register_outputs({})
+
+    def _create_policy(self, suffix: str, policy_name: str, spec: dict, binding: dict) -> None:
+        metadata = {"name": policy_name, "labels": {LABEL_PART_OF: PART_OF}}
         policy = kubernetes.admissionregistration.v1.ValidatingAdmissionPolicy(
-            f"{name}-policy", metadata=metadata, spec=pod_admission_policy_spec(), opts=k8s
+            f"{self._name}{suffix}-policy", metadata=metadata, spec=spec, opts=self._k8s
         )
         kubernetes.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-            f"{name}-binding", metadata=metadata, spec=pod_admission_binding_spec(),
-            opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=[policy])),
+            f"{self._name}{suffix}-binding", metadata=metadata, spec=binding,
+            opts=pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[policy])),
         )
-        self.register_outputs({})
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ returns violation messages; an empty list means compliant.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import fnmatch
 import json
 from collections.abc import Callable, Mapping
@@ -20,7 +22,8 @@ from pulumi_policy import (
 )
 
 from infra.config import GPU_FAMILIES, instance_family
-from infra.conventions import GPU_TAINT_KEY
+from infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_TAINT_KEY, LABEL_PRIORITY_CLASS_PREFIX, LABEL_TEAM,
+                               RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES, RESERVED_QUEUES)
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -47,6 +50,23 @@ KARPENTER_ACTIONS = ("ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTem
 # Resources an instance is launched from, which that policy names without tag conditions.
 LAUNCH_INPUTS = ("image/*", "snapshot/*", "security-group/*", "subnet/*", "capacity-reservation/*", "placement-group/*")
 PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
+QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+QUOTA = "kubernetes:core/v1:ResourceQuota"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+ADMISSION_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+# What a team's pods come from (issue 21): each must be checked by an admission policy bound to team namespaces.
+LANE_RESOURCES = (("", "pods"), ("scheduling.volcano.sh", "podgroups"), ("kubeflow.org", "pytorchjobs"),
+                  ("kubeflow.org", "mpijobs"), ("batch.volcano.sh", "jobs"), ("ray.io", "rayjobs"),
+                  ("ray.io", "rayclusters"), ("trainer.kubeflow.org", "trainjobs"), ("", "services"))
+WRITE_VERBS = ("*", "create", "update", "patch")
+RUNTIMES = ("*", "trainingruntimes", "clustertrainingruntimes")
+# The NVIDIA container toolkit setting that stops NVIDIA_VISIBLE_DEVICES from unprivileged containers
+# (NVIDIA/nvidia-container-toolkit v1.18.2 internal/config/config.go) and the device plugin strategies that do not
+# depend on it (NVIDIA/k8s-device-plugin v0.17.4 api/config/v1/consts.go).
+TOOLKIT_ENVVAR_OFF = "accept-nvidia-visible-devices-envvar-when-unprivileged=false"
+SAFE_DEVICE_LISTS = ("volume-mounts", "cdi-annotations", "cdi-cri")
 ANYWHERE = ("0.0.0.0/0", "::/0")
 SSH = 22
 
@@ -251,6 +271,146 @@ def check_buckets_encrypted_and_private(resources: list[tuple[str, str, Props, d
     return violations
 
 
+def _team_namespace(props: Props) -> bool:
+    return LABEL_TEAM in ((props.get("metadata") or {}).get("labels") or {})
+
+
+def check_tenant_names_not_reserved(resource_type: str, props: Props) -> list[str]:
+    """No team namespace is Kubernetes' or an operator's; no team queue is one Volcano creates itself."""
+    name = (props.get("metadata") or {}).get("name", "")
+    if resource_type == NAMESPACE and _team_namespace(props):
+        if name in RESERVED_NAMESPACES or name.startswith(RESERVED_NAMESPACE_PREFIX):
+            return [f"team namespace {name!r} is reserved"]
+    if resource_type == QUEUE and name in RESERVED_QUEUES:
+        return [f"queue {name!r} is Volcano's own"]
+    return []
+
+
+def check_team_role_writes_no_runtime(resource_type: str, props: Props) -> list[str]:
+    """A team's Role cannot write TrainingRuntimes: a runtime of its own could name any queue, priority and
+    scheduler for its TrainJobs."""
+    if resource_type != ROLE or not _team_namespace(props):
+        return []
+    for rule in props.get("rules") or []:
+        groups, resources, verbs = (rule.get(key) or [] for key in ("apiGroups", "resources", "verbs"))
+        if ({"*", "trainer.kubeflow.org"} & set(groups) and set(RUNTIMES) & set(resources)
+                and set(WRITE_VERBS) & set(verbs)):
+            return ["team role may write TrainingRuntimes"]
+    return []
+
+
+def _object_key_patterns(document: Mapping[str, Any]) -> list[str]:
+    patterns = []
+    for statement in _as_list(document.get("Statement")):
+        if statement.get("Effect") != "Allow":
+            continue
+        patterns += [str(r).split("/", 1)[1] for r in _as_list(statement.get("Resource"))
+                     if str(r).startswith("arn:aws:s3:::") and "/" in str(r)]
+        for operator in (statement.get("Condition") or {}).values():
+            if isinstance(operator, Mapping):
+                patterns += [str(v) for v in _as_list(operator.get("s3:prefix"))]
+    return patterns
+
+
+def check_s3_prefixes_end_at_slash(resource_type: str, props: Props) -> list[str]:
+    """S3 object ARNs and ``s3:prefix`` conditions end their prefix at ``/``: ``teams/nlp*`` also grants
+    ``teams/nlp-2/``."""
+    if resource_type not in IAM_POLICIES:
+        return []
+    document = props.get("policy")
+    try:
+        document = json.loads(document) if isinstance(document, str) else document or {}
+    except json.JSONDecodeError:
+        return []
+    loose = sorted({p for p in _object_key_patterns(document) if p not in ("", "*") and not p.rstrip("*").endswith("/")})
+    return [f"S3 prefix {p!r} does not end at '/'" for p in loose]
+
+
+def _team_namespaces(resources: list) -> list[tuple[str, Props]]:
+    return [((props.get("metadata") or {}).get("name", ""), props) for _, type_, props, _ in resources
+            if type_ == NAMESPACE and _team_namespace(props)]
+
+
+def check_team_lanes_admitted(resources: list) -> list[str]:
+    """Each team namespace names its queue and PriorityClasses, and every kind its pods come from is checked by a
+    denying admission policy bound to team namespaces (infra/admission.py)."""
+    teams = _team_namespaces(resources)
+    if not teams:
+        return []
+    violations = []
+    for name, props in teams:
+        metadata = props.get("metadata") or {}
+        if not (metadata.get("annotations") or {}).get(ANNOTATION_QUEUE_NAME):
+            violations.append(f"team namespace {name} has no {ANNOTATION_QUEUE_NAME} annotation")
+        if not any(key.startswith(LABEL_PRIORITY_CLASS_PREFIX) for key in metadata.get("labels") or {}):
+            violations.append(f"team namespace {name} allows no PriorityClass ({LABEL_PRIORITY_CLASS_PREFIX}<class>)")
+    denying = set()
+    for _, type_, props, _ in resources:
+        spec = props.get("spec") or {}
+        selector = (spec.get("matchResources") or {}).get("namespaceSelector") or {}
+        keys = {e.get("key") for e in selector.get("matchExpressions") or []} | set(selector.get("matchLabels") or {})
+        if type_ == ADMISSION_BINDING and "Deny" in (spec.get("validationActions") or []) and LABEL_TEAM in keys:
+            denying.add(spec.get("policyName"))
+    covered = set()
+    for _, type_, props, _ in resources:
+        spec = props.get("spec") or {}
+        if type_ != ADMISSION_POLICY or (props.get("metadata") or {}).get("name") not in denying:
+            continue
+        if spec.get("matchConditions") or not spec.get("validations"):
+            continue
+        for rule in (spec.get("matchConstraints") or {}).get("resourceRules") or []:
+            covered |= {(g, r) for g in rule.get("apiGroups") or [] for r in rule.get("resources") or []}
+    missing = [f"{group or 'core'}/{resource}" for group, resource in LANE_RESOURCES if (group, resource) not in covered]
+    if missing:
+        violations.append(f"no denying admission policy bound to team namespaces checks {', '.join(missing)}")
+    return violations
+
+
+def check_team_services_in_cluster(resources: list) -> list[str]:
+    """Every team namespace's quota allows no load balancer and no node port."""
+    hard = {(props.get("metadata") or {}).get("namespace"): (props.get("spec") or {}).get("hard") or {}
+            for _, type_, props, _ in resources if type_ == QUOTA}
+    return [f"team namespace {name} allows Services outside the cluster: its quota needs services.loadbalancers and "
+            "services.nodeports 0" for name, _ in _team_namespaces(resources)
+            if any(str(hard.get(name, {}).get(key)) != "0" for key in ("services.loadbalancers", "services.nodeports"))]
+
+
+def _user_data(value: Any) -> str:
+    """User data as text: launch templates carry it base64-encoded, EC2NodeClasses in clear."""
+    text = str(value or "")
+    try:
+        return base64.b64decode(text, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return text
+
+
+def check_gpus_only_by_request(resources: list) -> list[str]:
+    """GPU nodes hand GPUs only to pods that request them: the device plugin passes devices as volume mounts or
+    CDI, and every GPU node's container toolkit ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers."""
+    by_urn = {urn: (type_, props) for urn, type_, props, _ in resources}
+    violations = []
+    for _, type_, props, _ in resources:
+        if type_ == RELEASE and "nvidia-device-plugin" in str(props.get("chart", "")):
+            strategies = _as_list((props.get("values") or {}).get("deviceListStrategy"))
+            if not strategies or not set(strategies) <= set(SAFE_DEVICE_LISTS):
+                violations.append(f"NVIDIA device plugin deviceListStrategy {strategies or 'envvar (default)'}: use "
+                                  f"one of {', '.join(SAFE_DEVICE_LISTS)}")
+    for urn, type_, props, dependencies in resources:
+        if type_ == NODE_GROUP and _is_gpu_node_group(props):
+            templates = [by_urn.get(u, ("", {}))[1] for u in dependencies.get("launchTemplate", [])]
+            if not any(TOOLKIT_ENVVAR_OFF in _user_data(t.get("userData")) for t in templates):
+                violations.append(f"GPU node group {urn.rsplit('::', 1)[-1]}: its launch template user data must set "
+                                  f"{TOOLKIT_ENVVAR_OFF}")
+    gpu_classes = {((((props.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeClassRef") or {})
+                   .get("name") for _, type_, props, _ in resources if type_ == NODE_POOL and _pool_selects_gpus(props)}
+    for _, type_, props, _ in resources:
+        name = (props.get("metadata") or {}).get("name")
+        if type_ == NODE_CLASS and name in gpu_classes:
+            if TOOLKIT_ENVVAR_OFF not in _user_data((props.get("spec") or {}).get("userData")):
+                violations.append(f"EC2NodeClass {name} serves GPU NodePools: its userData must set {TOOLKIT_ENVVAR_OFF}")
+    return violations
+
+
 def resource_policy(name: str, description: str, check: Callable[[str, Props], list[str]]) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         for message in check(args.resource_type, args.props):
@@ -285,12 +445,21 @@ RESOURCE_CHECKS: dict[str, tuple[str, Callable[[str, Props], list[str]]]] = {
     "karpenter-actions-tag-scoped": ("Instance, launch template and instance profile actions carry tag conditions.",
                                      check_karpenter_actions_scoped),
     "namespace-pod-security": ("Namespaces enforce a Pod Security Standard.", check_namespace_pod_security),
+    "tenant-names-not-reserved": ("Team namespaces and queues are never Kubernetes', an operator's or Volcano's.",
+                                  check_tenant_names_not_reserved),
+    "team-role-writes-no-runtime": ("Team roles cannot write TrainingRuntimes.", check_team_role_writes_no_runtime),
+    "s3-prefixes-end-at-slash": ("S3 object ARNs and s3:prefix conditions end their prefix at '/'.",
+                                 check_s3_prefixes_end_at_slash),
 }
 STACK_CHECKS: dict[str, tuple[str, Callable[[list], list[str]]]] = {
     "buckets-encrypted-and-private": ("Every S3 bucket has encryption and a public access block.",
                                       check_buckets_encrypted_and_private),
     "network-policies-enforced": ("NetworkPolicies come with the vpc-cni add-on enforcing them.",
                                   check_network_policies_enforced),
+    "team-lanes-admitted": ("Team pods, PodGroups, jobs and Services are tied to the team's queue, PriorityClasses "
+                            "and Volcano by admission.", check_team_lanes_admitted),
+    "team-services-in-cluster": ("Team quotas allow no load balancer and no node port.", check_team_services_in_cluster),
+    "gpus-only-by-request": ("GPU nodes hand GPUs only to pods that request them.", check_gpus_only_by_request),
 }
 
 POLICIES = [
