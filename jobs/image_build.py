@@ -69,15 +69,20 @@ def source_revision(root: Path = REPO_ROOT) -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
-def buildx_command(config: StackConfig, image: str, *, push: bool, platform: str, revision: str) -> list[str]:
+def build_args(revision: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Dockerfiles' build arguments: the package version, the source revision, then the user's own."""
+    return {"GPUYARD_VERSION": version("gpuyard"), "VCS_REF": revision, **(extra or {})}
+
+
+def buildx_command(config: StackConfig, image: str, *, push: bool, platform: str, revision: str,
+                   extra_args: dict[str, str] | None = None) -> list[str]:
     """``docker buildx build`` of one image with the repository root as context."""
     return [
         "docker", "buildx", "build",
         "--file", str(dockerfile(image)),
         "--tag", image_ref(config, image),
         "--platform", platform,
-        "--build-arg", f"GPUYARD_VERSION={version('gpuyard')}",
-        "--build-arg", f"VCS_REF={revision}",
+        *(arg for key, value in build_args(revision, extra_args).items() for arg in ("--build-arg", f"{key}={value}")),
         "--push" if push else "--load",
         str(REPO_ROOT),
     ]
@@ -91,16 +96,24 @@ def push_host(config: StackConfig) -> str:
     return config.image_registry.split("/", 1)[0]
 
 
-def ecr_login(host: str) -> None:
-    """``docker login`` to an ECR host with a token from the ECR API (nothing is written here)."""
+def ecr_authorization(host: str) -> str | None:
+    """The ECR API's token for an ECR host (base64 of ``user:password``, a registry's basic auth); None for
+    another host."""
     match = ECR_HOST.match(host)
     if match is None:
-        return
+        return None
     try:
         ecr = boto3.client("ecr", region_name=match["region"])
-        token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
+        return ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
     except (BotoCoreError, ClientError) as error:
         raise BuildError(f"no ECR login token for {host}: {error}") from None
+
+
+def ecr_login(host: str) -> None:
+    """``docker login`` to an ECR host with a token from the ECR API (nothing is written here)."""
+    token = ecr_authorization(host)
+    if token is None:
+        return
     user, password = base64.b64decode(token).decode().split(":", 1)
     login = subprocess.run(["docker", "login", "--username", user, "--password-stdin", host],
                            input=password, capture_output=True, text=True, timeout=_DOCKER_TIMEOUT_S)
@@ -108,20 +121,26 @@ def ecr_login(host: str) -> None:
         raise BuildFailed(f"docker login to {host} failed: {(login.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
-def build_images(config: StackConfig, images: Sequence[str], *, push: bool, platform: str = DEFAULT_PLATFORM,
-                 echo: Callable[[str], None] = print, dry_run: bool = False) -> list[str]:
-    """Build (and push) each image in turn; returns their references. Stops at the first failure.
-
-    With ``dry_run``, prints the buildx commands (one per line, shell-quoted) and runs nothing.
-    """
+def check_images(images: Sequence[str]) -> None:
     unknown = [image for image in images if image not in IMAGE_NAMES]
     if unknown:
         raise BuildError(f"unknown image {unknown[0]!r} (images: {', '.join(IMAGE_NAMES)})")
+
+
+def build_images(config: StackConfig, images: Sequence[str], *, push: bool, platform: str = DEFAULT_PLATFORM,
+                 echo: Callable[[str], None] = print, dry_run: bool = False,
+                 extra_args: dict[str, str] | None = None) -> list[str]:
+    """Build (and push) each image in turn with docker buildx; returns their references. Stops at the first failure.
+
+    With ``dry_run``, prints the buildx commands (one per line, shell-quoted) and runs nothing.
+    """
+    check_images(images)
     host = push_host(config) if push else None
     if dry_run:
         revision = source_revision()
         for image in images:
-            echo(shlex.join(buildx_command(config, image, push=push, platform=platform, revision=revision)))
+            echo(shlex.join(buildx_command(config, image, push=push, platform=platform, revision=revision,
+                                           extra_args=extra_args)))
         return [image_ref(config, image) for image in images]
     problem = docker_problem()
     if problem:
@@ -131,7 +150,8 @@ def build_images(config: StackConfig, images: Sequence[str], *, push: bool, plat
     revision = source_revision()
     built = []
     for image in images:
-        command = buildx_command(config, image, push=push, platform=platform, revision=revision)
+        command = buildx_command(config, image, push=push, platform=platform, revision=revision,
+                                 extra_args=extra_args)
         echo(f"building {image}: {' '.join(command)}")
         if run_child(command) != 0:
             raise BuildFailed(f"docker buildx build of {image} failed (see the output above)")

@@ -25,6 +25,8 @@ from infra.instance_types import GPU_INSTANCE_TYPES, InstanceType, types_of_fami
 from infra.karpenter import node_pools
 from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec, SpecError
 
+KNOWN_FAMILIES = tuple(sorted({t.family for t in GPU_INSTANCE_TYPES.values()}))
+
 # Pods besides the training nodes in a gang: the MPI launcher, the Ray head (CPU pods of a fixed size).
 HELPER_PODS = {"mpijob": 1, "volcanojob": 1, "rayjob": 1}
 
@@ -101,6 +103,9 @@ def fitting_types(pool: Pool, spec: JobSpec) -> list[InstanceType]:
         ("--memory-gib", spec.memory_gib, "GiB of memory", lambda t: t.memory_gib),
     )
     types = list(pool.instance_types)
+    if not types:
+        raise SpecError(f"pool {pool.name}: gpuyard knows the GPUs, CPUs and memory of none of its instance types, so "
+                        f"no job can be sized for it (known families: {', '.join(KNOWN_FAMILIES)})")
     for flag, wanted, what, amount in checks:
         fits = [t for t in types if amount(t) >= wanted]
         if not fits:
@@ -123,11 +128,11 @@ def gang_totals(spec: JobSpec) -> dict[str, float]:
     }
 
 
-def limit_breaches(pool: Pool, team: Team, spec: JobSpec) -> list[str]:
-    """Every limit the gang breaks: the pool's GPU limit, the team's ResourceQuota and queue capability."""
+def limit_breaches(pool: Pool | None, team: Team, spec: JobSpec) -> list[str]:
+    """Every limit the gang breaks: the pool's GPU limit (GPU jobs), the team's ResourceQuota and queue capability."""
     totals = gang_totals(spec)
     breaches = []
-    if totals["gpus"] > pool.gpu_limit:
+    if pool is not None and totals["gpus"] > pool.gpu_limit:
         breaches.append(f"pool {pool.name} holds at most {pool.gpu_limit} GPUs ({pool.limit_setting})")
     quota = {"gpus": (team.gpu_quota, "GPUs"), "cpu": (team.cpu_quota, "CPUs"),
              "memory_gib": (team.memory_quota_gib, "GiB of memory")}
@@ -143,16 +148,16 @@ def place(config: StackConfig, spec: JobSpec, pools: dict[str, Pool] | None = No
     """``spec`` checked against ``config`` (whose ``stack_pools`` may be passed in when placing many) and
     pinned to its pool's kind and one instance family."""
     team = config.team(spec.team)
-    if not spec.gpus_per_node:
-        return spec
-    pool = _pool(config, spec, stack_pools(config) if pools is None else pools)
-    types = fitting_types(pool, spec)
+    pool = _pool(config, spec, stack_pools(config) if pools is None else pools) if spec.gpus_per_node else None
+    types = fitting_types(pool, spec) if pool else []
     breaches = limit_breaches(pool, team, spec)
     if breaches:
         nodes = f"{spec.min_nodes}:{spec.nodes}" if spec.elastic else str(spec.nodes)
-        raise SpecError(
-            f"--nodes {nodes} --gpus-per-node {spec.gpus_per_node}: the gang of "
-            f"{gang_totals(spec)['gpus']} GPUs never fits: {'; '.join(breaches)}"
-        )
+        totals = gang_totals(spec)
+        sizes, gang = ((f"--gpus-per-node {spec.gpus_per_node}", f"{totals['gpus']} GPUs") if pool else
+                       (f"--cpu {spec.cpu:g} --memory-gib {spec.memory_gib}", f"{totals['cpu']:g} CPUs"))
+        raise SpecError(f"--nodes {nodes} {sizes}: the gang of {gang} never fits: {'; '.join(breaches)}")
+    if pool is None:
+        return spec
     family = None if pool.node_group else types[0].family
     return spec.model_copy(update={"node_group": pool.node_group, "instance_family": family})

@@ -12,9 +12,10 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra.config import DNS1123_LABEL, StackConfig, Team
+from infra.config import DNS1123_LABEL, RULES, StackConfig, Team
 from infra.validation import validation_message
 from infra.conventions import (
+    DEFAULT_MAX_RESTARTS,
     GRACE_PERIOD_SECONDS,
     METRICS_PORT,
     NODEPOOL_CPU,
@@ -105,7 +106,7 @@ class JobSpec(BaseModel):
     args: tuple[str, ...]
     env: dict[EnvName, str] = {}
     checkpoint_uri: str
-    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = DEFAULT_MAX_RESTARTS
     capacity_type: CapacityType = "on-demand"
     node_pool: Annotated[str, Field(pattern=DNS1123_LABEL)]
     # Set by jobs.placement from the stack: the pool is a managed node group (else a Karpenter NodePool),
@@ -152,16 +153,17 @@ def stack_kinds(config: StackConfig) -> tuple[Kind, ...]:
     return tuple(kind for kind in KINDS if kind != "trainjob" or config.addons.trainer_v2)
 
 
+NODES = re.compile(r"([0-9]{1,9})(?::([0-9]{1,9}))?")
+
+
 def parse_nodes(text: str) -> tuple[int, int]:
-    """``"4"`` -> (4, 4); ``"2:4"`` -> (2, 4) (elastic, min:max)."""
-    parts = text.split(":")
-    try:
-        if len(parts) not in (1, 2):
-            raise ValueError
-        numbers = [int(part) for part in parts]
-    except ValueError:
-        raise SpecError(f"bad node count {text!r}: expected N or MIN:MAX, e.g. 4 or 2:4") from None
-    return numbers[0], numbers[-1]
+    """``"4"`` -> (4, 4); ``"2:4"`` -> (2, 4) (elastic, min:max); ASCII digits only (``1_0`` is no 10)."""
+    match = NODES.fullmatch(text)
+    if match is None:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise SpecError(f"bad node count {shown!r}: expected N or MIN:MAX, e.g. 4 or 2:4")
+    low, high = match.groups()
+    return int(low), int(high or low)
 
 
 def parse_env(items: list[str]) -> dict[str, str]:
@@ -171,6 +173,8 @@ def parse_env(items: list[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SpecError(f"bad env {item!r}: expected KEY=VALUE, e.g. NCCL_DEBUG=INFO")
+        if key in env:
+            raise SpecError(f"{key} is set twice ({key}={env[key]!r}, {key}={value!r}): set it once")
         env[key] = value
     return env
 
@@ -192,7 +196,7 @@ def default_node_pool(gpus_per_node: int, capacity_type: CapacityType, efa_devic
 
 
 def checkpoint_uri(config: StackConfig, team: Team, name: str) -> str:
-    return f"s3://{config.checkpoint_bucket}/{team.checkpoint_prefix}/{name}"
+    return f"s3://{config.checkpoint_bucket}/{team.checkpoint_prefix}{name}"
 
 
 def trainer_args(checkpoint: str, epochs: int = DEFAULT_EPOCHS, save_every: int = DEFAULT_SAVE_EVERY,
@@ -242,4 +246,4 @@ def build_spec(
     try:
         return JobSpec.model_validate(values)
     except ValidationError as error:
-        raise SpecError(validation_message(error)) from None
+        raise SpecError(validation_message(error, rules=RULES)) from None

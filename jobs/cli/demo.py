@@ -22,7 +22,7 @@ import typer
 
 from infra.config import load_stack
 from jobs.cli.errors import fail
-from jobs.cli.options import Stack, checked_output_dir, provenance
+from jobs.cli.options import checked_output_dir, provenance, stack_option
 from jobs.local_aws import LocalAWS
 from jobs.processes import stop_tree
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
@@ -177,7 +177,7 @@ def show_plan_summary(console: Console, stack: str) -> int:
 
 
 def demo(
-    stack: Stack = typer.Option("dev", "--stack", help="Stack whose templates and plan are shown."),
+    stack: str = stack_option("Stack whose templates and plan are shown."),
     output_dir: str = typer.Option("out/demo", "--output-dir", "-d", metavar="DIR",
                                    help="Folder for the rendered templates."),
 ) -> None:
@@ -186,7 +186,7 @@ def demo(
     console = Console()
     out_dir = checked_output_dir(output_dir)  # before training, not after it
     try:
-        config = load_stack(stack.value)
+        config = load_stack(stack)
     except ValueError as error:
         fail(str(error))
     with LocalAWS() as aws:

@@ -15,15 +15,15 @@ from rich.table import Table
 
 from infra.config import ConfigError
 from infra.regions import COMMERCIAL_REGIONS
-from jobs.cli.errors import fail
+from jobs.cli.errors import fail, usage_without_command
 from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
-from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, create_env, destroy_env, due_for_reaping,
-                                   ephemeral_cluster_prefix, leased_env, list_envs, new_env_config)
+from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, TeardownStopped, create_env, destroy_env,
+                                   due_for_reaping, ephemeral_cluster_prefix, leased_env, list_envs, new_env_config)
 from jobs.duration import DurationError
 from jobs.ephemeral.ttl import describe_remaining, format_expiry, parse_ttl
 
 app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
-                      no_args_is_help=True)
+                  invoke_without_command=True, callback=usage_without_command)
 
 console = Console(highlight=False, markup=False, emoji=False)  # AWS names and Pulumi output print as they are
 progress_console = Console(stderr=True, highlight=False, markup=False, emoji=False)  # beside JSON on stdout
@@ -205,18 +205,21 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print [{stack, clu
 
 
 def _destroy(name: str) -> bool:
-    """Destroy one environment; False (after saying why) when something was left."""
+    """Destroy one environment; False (after saying why, in one line on stderr) when it stopped or left something."""
     try:
         destroy_env(name, console.print)
     except CleanupIncomplete as error:
         print_report(error.cluster, error.report)
-        console.print(f"{name}: {error}")
+        typer.echo(f"gpuyard: error: {name}: {error}", err=True)
+        return False
+    except TeardownStopped as error:
+        typer.echo(f"gpuyard: error: {name}: {error}", err=True)
         return False
     except CleanupError as error:
-        console.print(f"{name}: cleanup could not start: {error}; stack not destroyed")
+        typer.echo(f"gpuyard: error: {name}: {error}; stack not removed", err=True)
         return False
     except auto.CommandError as error:
-        console.print(f"{name}: pulumi failed: {_pulumi_reason(error)}")
+        typer.echo(f"gpuyard: error: {name}: pulumi failed: {_pulumi_reason(error)}", err=True)
         return False
     console.print(f"{name}: destroyed")
     return True
@@ -228,7 +231,7 @@ def destroy(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before destroying."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the lease and the leftovers to delete; change nothing."),
 ) -> None:
-    """Drain NodePools, delete the cluster's leftovers, then pulumi destroy and stack rm."""
+    """Drain Karpenter's NodePools, pulumi destroy, delete the cluster's leftovers, stack rm."""
     try:
         _, env = leased_env(name)
     except EnvError as error:
@@ -236,7 +239,7 @@ def destroy(
     console.print(_lease_table([env], datetime.now(UTC), f"environment {name}"))
     if dry_run:
         _, plan = find_leftovers(env.cluster_name, env.region or None, force=True)  # a leased env, listing only
-        console.print(orphan_table(f"left in AWS by cluster {env.cluster_name} ({len(plan)}), deleted before "
+        console.print(orphan_table(f"left in AWS by cluster {env.cluster_name} ({len(plan)}), deleted after "
                                    "pulumi destroy", plan))
         console.print("dry run: nothing destroyed")
         return

@@ -8,11 +8,11 @@ import typer
 
 from infra.config import ConfigError
 from jobs.cli.errors import fail
-from jobs.cli.options import Stack
+from jobs.cli.options import stack_option
 
 
 def plan_command(
-    stack: Stack = typer.Option("dev", "--stack", help="Stack file stacks/Pulumi.<stack>.yaml to plan."),
+    stack: str = stack_option("Stack file stacks/Pulumi.<stack>.yaml to plan."),
     as_json: bool = typer.Option(False, "--json",
                                  help='{"resources": [{type, name, parent, inputs}], "policies": {...}, "create": N}.'),
 ) -> None:
@@ -21,7 +21,7 @@ def plan_command(
     from infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
 
     try:
-        resources = plan(stack.value).resources
+        resources = plan(stack).resources
     except ConfigError as error:
         fail(str(error))
     verdicts = policy_verdicts(resources)
@@ -30,6 +30,6 @@ def plan_command(
                     "create": len(resources)}
         typer.echo(json.dumps(document, indent=1, sort_keys=True))
     else:
-        typer.echo(format_preview(stack.value, resources, verdicts))
+        typer.echo(format_preview(stack, resources, verdicts))
     if any(verdicts.values()):
         raise typer.Exit(1)

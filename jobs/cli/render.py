@@ -5,13 +5,18 @@ from __future__ import annotations
 import enum
 import json
 import re
+import shutil
 from datetime import timedelta
+from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 
 from infra.config import ConfigError, StackConfig, Team, load_stack
+from infra.image_reference import check_image_reference
+from infra.images import NoImageRegistry
 from jobs.cli.errors import fail
-from jobs.cli.options import OutputFormat, Stack, checked_output_dir, provenance
+from jobs.cli.options import OutputFormat, checked_output_dir, count, number, provenance, stack_option
 from jobs.duration import DurationError, parse_duration
 from jobs.placement import place
 from jobs.render import default_specs, render_specs, to_yaml, write_manifests
@@ -38,9 +43,11 @@ class CapacityType(str, enum.Enum):
 
 MAX_NODES = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# An OCI image reference's characters: [host[:port]/]path[:tag][@digest] (distribution/reference grammar).
-IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 MAX_TTL = timedelta(days=30)
+EXPLAIN_IMAGE = "placeholder.invalid/explain"  # --explain renders nothing: the image is never shown or used
+# What --all decides itself: every team, every kind, default sizes and images.
+SIZING = ("team", "kind", "name", "nodes", "gpus_per_node", "cpu", "memory_gib", "efa", "capacity_type", "node_pool",
+          "image", "epochs", "max_restarts", "ttl", "env")
 # JobSpec fields as the flags that set them, so an error names what the user typed.
 FLAG_OF_FIELD = {
     "name": "--name", "nodes": "--nodes", "min_nodes": "--nodes", "gpus_per_node": "--gpus-per-node", "cpu": "--cpu",
@@ -96,53 +103,72 @@ def ttl_seconds(text: str | None) -> int | None:
 
 
 def render_command(
-    stack: Stack = typer.Option("dev", "--stack", help="Stack whose teams, images and bucket to use."),
+    ctx: typer.Context,
+    stack: str = stack_option("Stack whose teams, images and bucket to use."),
     team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),
     kind: Kind | None = typer.Option(None, "--kind", help="Job kind."),
     all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
     name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label; default <team>-<kind>)."),
     nodes: str = typer.Option(str(DEFAULT_NODES), "--nodes", metavar="N|MIN:MAX",
                               help="Nodes, or MIN:MAX for an elastic PyTorchJob."),
-    gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", min=0, max=16, metavar="N",
-                                      help="GPUs per node (0 = CPU)."),
-    cpu: float | None = typer.Option(None, "--cpu", min=0.001, max=1024, metavar="CPUS",
-                                     help="CPUs per node [default: 3 per GPU, 2 on CPU]."),
-    memory_gib: int | None = typer.Option(None, "--memory-gib", min=1, max=65536, metavar="GIB",
-                                          help="Memory per node [default: 12 per GPU, 8 on CPU]."),
-    efa: int | None = typer.Option(None, "--efa", min=0, max=32, metavar="N",
-                                   help="EFA devices per node (sets FI_PROVIDER=efa)."),
+    gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", parser=count(0, 16), metavar="N",
+                                      help="GPUs per node, 0 to 16 (0 = CPU)."),
+    cpu: float | None = typer.Option(None, "--cpu", parser=number(0.001, 1024), metavar="CPUS",
+                                     help="CPUs per node, 0.001 to 1024 [default: 3 per GPU, 2 on CPU]."),
+    memory_gib: int | None = typer.Option(None, "--memory-gib", parser=count(1, 65536), metavar="GIB",
+                                          help="Memory per node, 1 to 65536 [default: 12 per GPU, 8 on CPU]."),
+    efa: int | None = typer.Option(None, "--efa", parser=count(0, 32), metavar="N",
+                                   help="EFA devices per node, 0 to 32 (sets FI_PROVIDER=efa)."),
     capacity_type: CapacityType = typer.Option(CapacityType.on_demand, "--capacity-type", help="Capacity type."),
     node_pool: str | None = typer.Option(
         None, "--node-pool", help="Karpenter NodePool or managed GPU node group [default: from GPUs/EFA/capacity]."
     ),
     image: str | None = typer.Option(None, "--image", help="Container image [default: the kind's gpuyard image]."),
-    epochs: int = typer.Option(DEFAULT_EPOCHS, "--epochs", min=1, max=1_000_000, metavar="N", help="Trainer epochs."),
-    max_restarts: int | None = typer.Option(None, "--max-restarts", min=0, max=MAX_RESTARTS, metavar="N",
-                                            help="Restarts before the job fails [default: 3]."),
+    registry: str | None = typer.Option(None, "--registry", metavar="PREFIX",
+                                        help="Image registry prefix, over gpuyard:image_registry (gpuyard sim registry)."),
+    epochs: int = typer.Option(DEFAULT_EPOCHS, "--epochs", parser=count(1, 1_000_000), metavar="N",
+                               help="Trainer epochs, 1 to 1000000."),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", parser=count(0, MAX_RESTARTS), metavar="N",
+                                            help=f"Restarts before the job fails, 0 to {MAX_RESTARTS} [default: 3]."),
     ttl: str | None = typer.Option(None, "--ttl", metavar="DURATION",
                                    help="Keep the finished job this long: 90s, 30m, 8h, 2d [default: 1h]."),
     env: list[str] = typer.Option([], "--env", "-e", metavar="KEY=VALUE", help="Trainer variable, repeatable."),
     output: OutputFormat = typer.Option(OutputFormat.yaml, "--output", "-o", help="Format on stdout."),
     output_dir: str | None = typer.Option(None, "--output-dir", "-d", metavar="DIR",
                                           help="Write one <name>.yaml per manifest into DIR instead."),
+    explain: bool = typer.Option(False, "--explain", help="Render nothing: say which pool and instance type the "
+                                 "gang lands on, its $/hour, EFA and placement group, and (with a cluster) the "
+                                 "team's queue."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", metavar="FILE",
+                                           help="With --explain: the cluster whose queue to read [default: "
+                                           "$KUBECONFIG]."),
 ) -> None:
     """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir."""
     out_dir = checked_output_dir(output_dir) if output_dir is not None else None
-    if all_ and (team or kind):
-        fail("--all renders every team and kind: drop --team/--kind")
-    if not all_ and (not team or not kind):
+    for flag, value in (("--name", name), ("--node-pool", node_pool), ("--image", image), ("--team", team)):
+        if value is not None and not value.strip():
+            fail(f"{flag} is empty: " + ("name a team" if flag == "--team" else "leave it out for the default"))
+    if all_:
+        given = [_flag(ctx, param) for param in SIZING if _given(ctx, param)]
+        if given:
+            fail(f"--all renders every team and kind at the default sizes and images: drop {given[0]}")
+    elif not team or not kind:
         fail("--team and --kind are required (or --all)")
+    if explain and (all_ or out_dir is not None):
+        fail("--explain explains one job: drop --all/--output-dir")
     if efa and not gpus_per_node:
         fail("--efa needs GPU nodes (--gpus-per-node > 0)")
-    for flag, value in (("--name", name), ("--node-pool", node_pool), ("--image", image)):
-        if value is not None and not value.strip():
-            fail(f"{flag} is empty: leave it out for the default")
-    if image and not IMAGE_REF.fullmatch(image):
-        fail(f"--image {image!r}: not an image reference (like registry.example.com/team/trainer:1.2)")
+    if image:
+        try:
+            check_image_reference(image)
+        except ValueError as error:
+            fail(f"--image {error}")
     try:
-        config = load_stack(stack.value)
+        config = load_stack(stack)
     except ConfigError as error:
         fail(str(error))
+    if registry is not None:
+        config = _with_registry(config, registry)
     try:
         if all_:
             specs = default_specs(config)
@@ -151,10 +177,15 @@ def render_command(
             specs = [place(config, build_spec(
                 config, _team(config, team), kind.value, name=name, nodes=max_nodes, min_nodes=min_nodes,
                 gpus_per_node=gpus_per_node, capacity_type=capacity_type.value, epochs=epochs, cpu=cpu,
-                memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool, image=image,
+                memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool,
+                image=image or (EXPLAIN_IMAGE if explain else None),
                 max_restarts=max_restarts, ttl_seconds_after_finished=ttl_seconds(ttl), env=trainer_env(env),
             ))]
+        if explain:
+            return _explain(config, specs[0], output, kubeconfig)
         rendered = render_specs(config, specs)
+    except NoImageRegistry as error:
+        fail(f"{error}{'' if all_ else ', or pass --image'}")
     except (ConfigError, SpecError, ValueError) as error:
         fail(in_flags(str(error)))
     if out_dir is None:
@@ -166,6 +197,56 @@ def render_command(
         fail(f"--output-dir {output_dir}: cannot write: {error.strerror or error} ({error.filename or out_dir})")
     for path in written:
         typer.echo(str(path))
+
+
+def _explain(config: StackConfig, spec, output: OutputFormat, kubeconfig: Path | None) -> None:
+    """Where the job lands and what it costs; the team's queue on the cluster when there is one."""
+    from jobs.preflight import describe, landing
+
+    land = landing(config, spec)
+    queue = _queue(config, land.queue, kubeconfig) if kubeconfig else None
+    if output is OutputFormat.json:
+        typer.echo(json.dumps({**land.as_dict(), "queue_state": queue}, indent=2))
+        return
+    from sim.queues import describe_queue
+
+    lines = describe(land) + (describe_queue(queue) if queue else ["  queue: no cluster (--kubeconfig or KUBECONFIG)"])
+    typer.echo("\n".join(lines))
+
+
+def _queue(config: StackConfig, queue: str, kubeconfig: Path) -> dict:
+    from sim.cluster import Sim
+    from sim.kube import Kubectl, KubectlError
+    from sim.queues import queue_state
+
+    if not kubeconfig.is_file():
+        fail(f"--kubeconfig {kubeconfig}: no such file")
+    found = shutil.which("kubectl")
+    binary = Path(found) if found else Sim(config.stack).kubectl_binary()  # gpuyard sim's own kubectl
+    if not binary.is_file():
+        fail("--explain reads the queue with kubectl: none on PATH (nor a gpuyard sim build)", 1)
+    try:
+        return queue_state(Kubectl(binary, kubeconfig), queue)
+    except KubectlError as error:
+        fail(f"queue {queue} on the cluster of {kubeconfig}: {error}", 1)
+
+
+def _with_registry(config: StackConfig, registry: str) -> StackConfig:
+    """``config`` with ``--registry`` as its gpuyard:image_registry, checked as the stack file's value is."""
+    try:
+        return StackConfig.model_validate({**config.model_dump(), "image_registry": registry})
+    except ValidationError:
+        fail(f"--registry {registry!r}: not a registry prefix (like 127.0.0.1:5000/gpuyard-dev or "
+             "<account>.dkr.ecr.<region>.amazonaws.com/<cluster>)")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def _flag(ctx: typer.Context, name: str) -> str:
+    return next(param.opts[0] for param in ctx.command.params if param.name == name)
 
 
 def _team(config: StackConfig, name: str) -> Team:

@@ -6,12 +6,18 @@ load balancers and target groups of the AWS Load Balancer Controller and of the 
 Service controller (classic and network), their security groups, ENIs the VPC CNI left,
 PVC volumes. Those block VPC deletion and keep billing. :class:`Cleaner` finds them by
 the tags those controllers put on them, skips anything the stack or EKS itself owns
-(``TAG_STACK``, ``aws:eks:cluster-name``), re-reads every resource's tags right before
+(``TAG_STACK``, ``aws:eks:cluster-name``) and anything tagged ``kubernetes.io/cluster/<c>=shared``
+(someone else's, used by the cluster), re-reads every resource's tags right before
 deleting it, and deletes kind by kind:
 
 instances (waits for termination) -> launch templates -> instance profiles ->
 classic load balancers -> load balancers (listeners go with them) -> target groups ->
 available ENIs -> security groups -> available volumes.
+
+A security group that this cluster's security groups still reference (the in-tree Service
+controller opens the node security group, EKS's cluster security group, to its ``k8s-elb-*``
+group; the load balancer controller does the same for its groups) cannot be deleted: those
+rules are revoked first. A reference from any other group is left alone, and the group with it.
 
 :meth:`Cleaner.refusal` says why a cluster must not be cleaned without ``--force``: it still
 exists, or it is not an ephemeral environment's.
@@ -40,7 +46,11 @@ Tags = Mapping[str, str]
 Described = dict[str, tuple[dict[str, str], str]]  # id -> (tags, state, or the name or path a check needs)
 
 EKS_CLUSTER_NAME_TAG = "eks:eks-cluster-name"  # Karpenter v1 puts it on the instances it launches
-LBC_CLUSTER_TAG = "elbv2.k8s.aws/cluster"  # AWS Load Balancer Controller
+# The AWS Load Balancer Controller tags everything it creates, its security groups included, with the cluster's name
+# (kubernetes-sigs/aws-load-balancer-controller v3.5.0, pkg/shared_constants/tag_keys.go TagKeyK8sCluster;
+# pkg/deploy/tracking/provider.go "applied on all AWS resources"; pkg/networking/backend_sg_provider.go tags its
+# shared backend group so, with elbv2.k8s.aws/resource=backend-sg), and no kubernetes.io/cluster tag.
+LBC_CLUSTER_TAG = "elbv2.k8s.aws/cluster"
 EKS_MANAGED_TAG = "aws:eks:cluster-name"  # EKS's own cluster security group: deleted with the cluster
 # The VPC CNI tags the ENIs it creates with the cluster's name (aws/amazon-vpc-cni-k8s, pkg/awsutils/awsutils.go).
 VPC_CNI_CLUSTER_TAG = "cluster.k8s.amazonaws.com/name"
@@ -49,7 +59,7 @@ VPC_CNI_CLUSTER_TAG = "cluster.k8s.amazonaws.com/name"
 # instances; instance profiles live under /karpenter/<region>/<cluster>/<EC2NodeClass uid>/
 # (pkg/providers/instanceprofile/instanceprofile.go), tagged kubernetes.io/cluster/<cluster>=owned,
 # topology.kubernetes.io/region and karpenter.k8s.aws/ec2nodeclass (the request tags its IAM policy demands,
-# website/content/en/v1.14/getting-started/getting-started-with-karpenter/cloudformation.yaml).
+# website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml, at v1.14.1).
 KARPENTER_LAUNCH_TEMPLATE_PREFIX = "karpenter.k8s.aws/"
 REGION_TAG = "topology.kubernetes.io/region"
 LIVE_INSTANCE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
@@ -74,8 +84,9 @@ def resolve_region(region: str | None) -> str | None:
 
 
 def cluster_tag(cluster: str) -> str:
-    """The tag the in-tree cloud provider and Karpenter put on what they create for a cluster, value ``owned``
-    (kubernetes/cloud-provider-aws, pkg/providers/v1/tags.go: TagNameKubernetesClusterPrefix)."""
+    """The tag the in-tree cloud provider and Karpenter put on what they create for a cluster, value ``owned``;
+    ``shared`` marks a resource the cluster uses but must not destroy with it (kubernetes/cloud-provider-aws v1.36.1,
+    pkg/providers/v1/tags.go: TagNameKubernetesClusterPrefix, ResourceLifecycleOwned, ResourceLifecycleShared)."""
     return f"kubernetes.io/cluster/{cluster}"
 
 
@@ -83,18 +94,19 @@ def karpenter_profile_path(region: str, cluster: str) -> str:
     return f"/karpenter/{region}/{cluster}/"
 
 
-def stack_owned(tags: Tags) -> bool:
-    """Created by the Pulumi stack or by EKS itself: their own destroy removes it."""
-    return TAG_STACK in tags or EKS_MANAGED_TAG in tags
+def not_ours(tags: Tags, cluster: str) -> bool:
+    """Created by the Pulumi stack or by EKS itself (their own destroy removes it), or shared with the cluster by
+    someone else: never deleted here."""
+    return TAG_STACK in tags or EKS_MANAGED_TAG in tags or tags.get(cluster_tag(cluster)) == "shared"
 
 
 def karpenter_instance(tags: Tags, cluster: str) -> bool:
     for_cluster = cluster_tag(cluster) in tags or tags.get(EKS_CLUSTER_NAME_TAG) == cluster
-    return LABEL_NODEPOOL in tags and for_cluster and not stack_owned(tags)
+    return LABEL_NODEPOOL in tags and for_cluster and not not_ours(tags, cluster)
 
 
 def load_balancer_controller_resource(tags: Tags, cluster: str) -> bool:
-    return tags.get(LBC_CLUSTER_TAG) == cluster and not stack_owned(tags)
+    return tags.get(LBC_CLUSTER_TAG) == cluster and not not_ours(tags, cluster)
 
 
 def service_load_balancer_resource(tags: Tags, cluster: str) -> bool:
@@ -103,12 +115,12 @@ def service_load_balancer_resource(tags: Tags, cluster: str) -> bool:
 
 
 def vpc_cni_interface(tags: Tags, cluster: str) -> bool:
-    return tags.get(VPC_CNI_CLUSTER_TAG) == cluster and not stack_owned(tags)
+    return tags.get(VPC_CNI_CLUSTER_TAG) == cluster and not not_ours(tags, cluster)
 
 
 def karpenter_launch_template(name: str, tags: Tags, cluster: str) -> bool:
     for_cluster = tags.get(EKS_CLUSTER_NAME_TAG) == cluster or cluster_owned(tags, cluster)
-    return name.startswith(KARPENTER_LAUNCH_TEMPLATE_PREFIX) and for_cluster and not stack_owned(tags)
+    return name.startswith(KARPENTER_LAUNCH_TEMPLATE_PREFIX) and for_cluster and not not_ours(tags, cluster)
 
 
 def karpenter_instance_profile(path: str, tags: Tags, cluster: str, region: str) -> bool:
@@ -116,12 +128,20 @@ def karpenter_instance_profile(path: str, tags: Tags, cluster: str, region: str)
             and tags.get(REGION_TAG) == region)  # cluster_owned excludes what the stack owns
 
 
-def cluster_resource(tags: Tags, cluster: str) -> bool:
-    return cluster_tag(cluster) in tags and not stack_owned(tags)
-
-
 def cluster_owned(tags: Tags, cluster: str) -> bool:
-    return tags.get(cluster_tag(cluster)) == "owned" and not stack_owned(tags)
+    return tags.get(cluster_tag(cluster)) == "owned" and not not_ours(tags, cluster)
+
+
+def cluster_security_group(tags: Tags, cluster: str) -> bool:
+    """A group the in-tree Service controller (``k8s-elb-*``, owned) or the load balancer controller made."""
+    return cluster_owned(tags, cluster) or load_balancer_controller_resource(tags, cluster)
+
+
+def references_revocable(tags: Tags, cluster: str) -> bool:
+    """A group of this cluster whose rules pointing at a doomed group may be revoked: EKS's cluster security group,
+    or one of the cluster's own (owned or the load balancer controller's); never a shared or another cluster's."""
+    return tags.get(cluster_tag(cluster)) != "shared" and (
+        tags.get(EKS_MANAGED_TAG) == cluster or cluster_security_group(tags, cluster))
 
 
 @dataclass(frozen=True, order=True)
@@ -156,6 +176,18 @@ def _error_code(error: ClientError) -> str:
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())
+
+
+def _permissions_referencing(permissions: list[dict], group_id: str) -> list[dict]:
+    """The parts of ``permissions`` that reference ``group_id``, as revoke calls take them."""
+    found = []
+    for permission in permissions:
+        pairs = [{"GroupId": pair["GroupId"]} for pair in permission.get("UserIdGroupPairs", [])
+                 if pair.get("GroupId") == group_id]
+        if pairs:
+            found.append({key: permission[key] for key in ("IpProtocol", "FromPort", "ToPort") if key in permission}
+                         | {"UserIdGroupPairs": pairs})
+    return found
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
@@ -202,6 +234,9 @@ class Cleaner:
             self.eks = session.client("eks", config=_retry_config())
         except botocore.exceptions.NoRegionError:
             raise CleanupError("no AWS region: pass --region or set AWS_REGION") from None
+        except ValueError as error:  # botocore's "Invalid endpoint: ..." for a malformed AWS_ENDPOINT_URL
+            raise CleanupError(f"the AWS endpoint (AWS_ENDPOINT_URL {os.environ.get('AWS_ENDPOINT_URL', '')!r}) is "
+                               f"not a URL: {_one_line(error)}") from None
         self.region = session.region_name
         self.kinds = (
             Kind("instance", self._find_instances, self._describe_instances,
@@ -223,12 +258,12 @@ class Cleaner:
                  lambda tags, state: service_load_balancer_resource(tags, cluster),
                  lambda arn: self.elbv2.delete_target_group(TargetGroupArn=arn), frozenset({"ResourceInUse"})),
             Kind("network-interface", self._find_network_interfaces, self._describe_network_interfaces,
-                 lambda tags, state: (cluster_resource(tags, cluster) or vpc_cni_interface(tags, cluster))
+                 lambda tags, state: (cluster_owned(tags, cluster) or vpc_cni_interface(tags, cluster))
                  and state == "available",
                  lambda eni: self.ec2.delete_network_interface(NetworkInterfaceId=eni)),
             Kind("security-group", self._find_security_groups, self._describe_security_groups,
-                 lambda tags, state: cluster_resource(tags, cluster) and state != "default",
-                 lambda group: self.ec2.delete_security_group(GroupId=group), frozenset({"DependencyViolation"})),
+                 lambda tags, state: cluster_security_group(tags, cluster) and state != "default",
+                 self._delete_security_group, frozenset({"DependencyViolation"})),
             Kind("volume", self._find_volumes, self._describe_volumes,
                  lambda tags, state: cluster_owned(tags, cluster) and state == "available",
                  lambda volume: self.ec2.delete_volume(VolumeId=volume)),
@@ -236,16 +271,23 @@ class Cleaner:
 
     # -- the entry points -----------------------------------------------------
 
-    def refusal(self, ephemeral_prefix: str) -> str | None:
-        """Why this cluster must not be cleaned up (it still exists, or is no ephemeral environment's), or None."""
+    def cluster_status(self) -> str | None:
+        """The EKS cluster's status (ACTIVE, DELETING, ...), or None when it does not exist."""
         try:
-            status = self.eks.describe_cluster(name=self.cluster)["cluster"].get("status", "")
+            return self.eks.describe_cluster(name=self.cluster)["cluster"].get("status", "")
         except ClientError as error:
-            if _error_code(error) != "ResourceNotFoundException":
-                raise CleanupError(f"cannot tell whether cluster {self.cluster!r} exists: {_one_line(error)}") from None
+            if _error_code(error) == "ResourceNotFoundException":
+                return None
+            raise CleanupError(f"cannot tell whether cluster {self.cluster!r} exists: {_one_line(error)}") from None
         except ENDPOINT_ERRORS as error:
             raise CleanupError(f"AWS endpoint unreachable: {_one_line(error)}") from None
-        else:
+        except botocore.exceptions.BotoCoreError as error:  # no credentials, a bad profile
+            raise CleanupError(f"cannot tell whether cluster {self.cluster!r} exists: {_one_line(error)}") from None
+
+    def refusal(self, ephemeral_prefix: str) -> str | None:
+        """Why this cluster must not be cleaned up (it still exists, or is no ephemeral environment's), or None."""
+        status = self.cluster_status()
+        if status is not None:
             return (f"cluster {self.cluster} still exists ({status}) in {self.region}: its controllers own these "
                     "resources; destroy its stack first (`gpuyard env destroy`), or pass --force")
         if not self.cluster.startswith(ephemeral_prefix):
@@ -259,7 +301,7 @@ class Cleaner:
             return self._find_all()
         except ENDPOINT_ERRORS as error:
             raise CleanupError(f"AWS endpoint unreachable: {_one_line(error)}") from None
-        except (ClientError, botocore.exceptions.NoCredentialsError) as error:
+        except (ClientError, botocore.exceptions.BotoCoreError) as error:
             raise CleanupError(f"cannot list resources of cluster {self.cluster!r}: {_one_line(error)}") from None
 
     def run(self, plan: list[Orphan]) -> Report:
@@ -470,7 +512,7 @@ class Cleaner:
         ) for eni in self._network_interfaces(filters)}
         return [Orphan("network-interface", eni["NetworkInterfaceId"], eni.get("Description", ""), eni["Status"])
                 for eni in found.values() if eni["Status"] == "available" and (
-                    cluster_resource(_tags(eni.get("TagSet")), self.cluster)
+                    cluster_owned(_tags(eni.get("TagSet")), self.cluster)
                     or vpc_cni_interface(_tags(eni.get("TagSet")), self.cluster))]
 
     def _describe_network_interfaces(self, ids: list[str]) -> Described:
@@ -482,10 +524,31 @@ class Cleaner:
         return [group for page in pages for group in page["SecurityGroups"]]
 
     def _find_security_groups(self) -> list[Orphan]:
-        filters = [{"Name": "tag-key", "Values": [cluster_tag(self.cluster)]}]
+        """The in-tree controller's groups (owned) and the load balancer controller's (its own tag only)."""
+        found = {g["GroupId"]: g for filters in (
+            [{"Name": f"tag:{cluster_tag(self.cluster)}", "Values": ["owned"]}],
+            [{"Name": f"tag:{LBC_CLUSTER_TAG}", "Values": [self.cluster]}],
+        ) for g in self._security_groups(filters)}
         return [Orphan("security-group", g["GroupId"], g["GroupName"], g.get("VpcId", ""))
-                for g in self._security_groups(filters)
-                if cluster_resource(_tags(g.get("Tags")), self.cluster) and g["GroupName"] != "default"]
+                for g in found.values()
+                if cluster_security_group(_tags(g.get("Tags")), self.cluster) and g["GroupName"] != "default"]
+
+    def _delete_security_group(self, group_id: str) -> None:
+        """Revoke the rules of this cluster's groups that reference ``group_id`` (kubernetes/cloud-provider-aws
+        v1.36.1 pkg/providers/v1/aws.go: updateInstanceSecurityGroupsForLoadBalancer opens the instances' tagged
+        group to the ``k8s-elb-*`` group), then delete it; any other reference makes EC2 refuse (DependencyViolation)."""
+        for direction, filter_name, revoke in (
+            ("IpPermissions", "ip-permission.group-id", self.ec2.revoke_security_group_ingress),
+            ("IpPermissionsEgress", "egress.ip-permission.group-id", self.ec2.revoke_security_group_egress),
+        ):
+            for holder in self._security_groups([{"Name": filter_name, "Values": [group_id]}]):
+                if holder["GroupId"] == group_id or not references_revocable(_tags(holder.get("Tags")), self.cluster):
+                    continue
+                permissions = _permissions_referencing(holder[direction], group_id)
+                if permissions:
+                    revoke(GroupId=holder["GroupId"], IpPermissions=permissions)
+                    self.on_progress(f"revoked {holder['GroupId']}'s rule(s) referencing {group_id}")
+        self.ec2.delete_security_group(GroupId=group_id)
 
     def _describe_security_groups(self, ids: list[str]) -> Described:
         found = self._security_groups([{"Name": "group-id", "Values": ids}])

@@ -10,22 +10,25 @@ for the Pulumi CLI before it changes anything.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pulumi import automation as auto
 from pydantic import ValidationError
 
-from infra.config import DNS1123_LABEL, Lease, load_stack, parse_stack, stack_file
-from jobs.ephemeral.cleanup import Cleaner, Report
+from infra.config import (MAX_BUCKET_NAME, RULES, Lease, default_checkpoint_bucket, load_stack, parse_stack,
+                          stack_file)
+from infra.conventions import LABEL_NODEPOOL
+from infra.stack_file import STACK_NAME_RULE, StackFileError, check_stack_name, read_config
+from infra.validation import validation_message
+from jobs.ephemeral.cleanup import Cleaner, CleanupError, Report
 from jobs.ephemeral.ttl import format_expiry
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]  # holds Pulumi.yaml
@@ -35,6 +38,10 @@ PULUMI_MISSING = ("the Pulumi CLI is not installed (no `pulumi` on PATH): instal
                   "`curl -fsSL https://get.pulumi.com | sh` and open a new shell, "
                   "see https://www.pulumi.com/docs/iac/download-install/")
 Output = Callable[[str], None]
+# How long a drain may take: the GPU pools' terminationGracePeriod (1h, infra/karpenter.py) bounds how long Karpenter
+# waits for a node's pods, then the instance terminates.
+DRAIN_TIMEOUT_SECONDS = 75 * 60
+DRAIN_POLL_SECONDS = 5
 
 
 class EnvError(ValueError):
@@ -56,9 +63,23 @@ def require_pulumi_cli() -> None:
         raise EnvError(PULUMI_MISSING)
 
 
+MAX_CLUSTER_NAME = 63  # StackConfig.cluster_name is a DNS label
+
+
 def check_name(name: str) -> None:
-    if not re.fullmatch(DNS1123_LABEL, name or ""):
-        raise EnvError(f"bad environment name {name!r}: use lower-case letters, digits and '-' (like pr-123)")
+    """An environment's name is a stack name (the one validator every command uses)."""
+    try:
+        check_stack_name(name)
+    except StackFileError:
+        raise EnvError(f"bad environment name {name!r}: {STACK_NAME_RULE} (like pr-123)") from None
+
+
+def check_lease(owner: str, team: str | None, expires_at: datetime) -> None:
+    """The lease's fields as the flags that set them: ``--owner``, ``--team``."""
+    try:
+        Lease.model_validate({"owner": owner, "team": team, "expires_at": expires_at})
+    except ValidationError as error:
+        raise EnvError(validation_message(error, where=lambda loc: f"--{loc[0]}" if loc else "", rules=RULES)) from None
 
 
 def ephemeral_cluster_prefix() -> str:
@@ -95,7 +116,7 @@ def due_for_reaping(stacks: Iterable[EnvStack], now: datetime) -> list[EnvStack]
 
 def _template() -> dict[str, Any]:
     load_stack(TEMPLATE_STACK)  # validates; ConfigError names the problem
-    return yaml.safe_load(stack_file(TEMPLATE_STACK).read_text())["config"]
+    return read_config(stack_file(TEMPLATE_STACK))
 
 
 def _workspace() -> auto.LocalWorkspace:
@@ -110,9 +131,19 @@ def _config_value(value: Any) -> auto.ConfigValue:
 def new_env_config(name: str, ttl: timedelta, owner: str, team: str | None, now: datetime) -> dict[str, Any]:
     """Everything ``create_env`` checks before it changes anything; the config it would set."""
     check_name(name)
+    check_lease(owner, team, now + ttl)
     if stack_file(name).exists():
         raise EnvError(f"stack {name!r} already exists ({stack_file(name)})")
-    return env_config(name, _template(), owner, team, now + ttl)
+    template = _template()
+    cluster = f"{template['gpuyard:cluster_name']}-{name}"
+    derived = [("cluster", cluster, MAX_CLUSTER_NAME)]
+    if "gpuyard:checkpoint_bucket" not in template:
+        derived.append(("checkpoint bucket", default_checkpoint_bucket(cluster), MAX_BUCKET_NAME))
+    for what, value, limit in derived:
+        if len(value) > limit:
+            raise EnvError(f"NAME {name!r} is too long: its {what} {value} would have {len(value)} characters, at "
+                           f"most {limit} (NAME at most {limit - len(value) + len(name)})")
+    return env_config(name, template, owner, team, now + ttl)
 
 
 def create_env(name: str, ttl: timedelta, owner: str, team: str | None, now: datetime, out: Output) -> EnvStack:
@@ -147,12 +178,16 @@ def list_envs() -> list[EnvStack]:
 
 
 class CleanupIncomplete(RuntimeError):
-    """Leftovers could not all be deleted; the stack was not destroyed."""
+    """Leftovers could not all be deleted; the stack was destroyed but kept, so a rerun finishes the cleanup."""
 
     def __init__(self, cluster: str, report: Report):
-        super().__init__(f"cleanup of cluster {cluster} is incomplete; stack not destroyed, rerun to finish")
+        super().__init__(f"cleanup of cluster {cluster} is incomplete; stack kept, rerun to finish")
         self.cluster = cluster
         self.report = report
+
+
+class TeardownStopped(RuntimeError):
+    """The teardown stopped before deleting anything (the API probe or the NodePool drain failed), as one line."""
 
 
 def leased_env(name: str) -> tuple[auto.Stack, EnvStack]:
@@ -169,45 +204,103 @@ def leased_env(name: str) -> tuple[auto.Stack, EnvStack]:
     return stack, env
 
 
-def destroy_env(name: str, out: Output) -> None:
-    """Drain NodePools, delete the cluster's leftovers, ``pulumi destroy``, ``stack rm``."""
+def destroy_env(name: str, out: Output, drain_timeout: float = DRAIN_TIMEOUT_SECONDS) -> None:
+    """Drain Karpenter's NodePools, ``pulumi destroy``, delete the cluster's leftovers, ``stack rm``.
+
+    Destroy first, clean after: while the cluster lives its controllers own what they made (Karpenter relaunches
+    nodes that are terminated under it), so cleanup runs only once the cluster is gone (``Cleaner.refusal``). A live
+    cluster is drained first; when its API does not answer or the drain fails, nothing is deleted
+    (TeardownStopped). When ``pulumi destroy`` stops with the cluster gone (leftovers hold the VPC: security groups,
+    ENIs), the leftovers are deleted and the destroy runs again."""
     stack, env = leased_env(name)
-    workspace = stack.workspace
-    out(f"[1/4] {name}: draining NodePools")
-    drain_node_pools(stack, out)
-    out(f"[2/4] {name}: deleting what Kubernetes and Karpenter left for cluster {env.cluster_name}")
     cleaner = Cleaner(env.cluster_name, env.region or None, on_progress=out)
+    out(f"[1/4] {name}: draining Karpenter's NodePools in cluster {env.cluster_name}")
+    if cleaner.cluster_status() is None:
+        out(f"cluster {env.cluster_name} does not exist: nothing to drain")
+    else:
+        drain_node_pools(_kubeconfig(stack, env.cluster_name), env.cluster_name, out, drain_timeout)
+    out(f"[2/4] {name}: pulumi destroy")
+    try:
+        stack.destroy(on_output=out)
+    except auto.CommandError:
+        if cleaner.cluster_status() is not None:
+            raise
+        out(f"pulumi destroy stopped with cluster {env.cluster_name} gone: deleting its leftovers, then again")
+        _clean_up(cleaner, env.cluster_name)
+        stack.destroy(on_output=out)
+    out(f"[3/4] {name}: deleting what Kubernetes and Karpenter left for cluster {env.cluster_name}")
+    _clean_up(cleaner, env.cluster_name)
+    out(f"[4/4] {name}: pulumi stack rm")
+    stack.workspace.remove_stack(name)
+
+
+def _clean_up(cleaner: Cleaner, cluster: str) -> None:
+    """Delete the leftovers of a cluster that no longer exists (CleanupError otherwise); CleanupIncomplete when some
+    are left."""
+    refusal = cleaner.refusal(ephemeral_cluster_prefix())
+    if refusal:
+        raise CleanupError(f"refusing to clean up: {refusal}")
     plan = cleaner.find()
     if plan:
         report = cleaner.run(plan)
         if not report.ok:
-            raise CleanupIncomplete(env.cluster_name, report)
-    out(f"[3/4] {name}: pulumi destroy")
-    stack.destroy(on_output=out)
-    out(f"[4/4] {name}: pulumi stack rm")
-    workspace.remove_stack(name)
+            raise CleanupIncomplete(cluster, report)
 
 
-def drain_node_pools(stack: auto.Stack, out: Output) -> None:
-    """Delete Karpenter's NodePools so it drains and terminates their nodes; skip when the cluster does not answer."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        out("NodePool drain skipped: kubectl is not on PATH (cleanup terminates Karpenter's instances instead)")
-        return
+def _kubectl(command: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*command, *args], capture_output=True, text=True)
+
+
+def _last_line(result: subprocess.CompletedProcess) -> str:
+    return (result.stderr.strip().splitlines() or ["no answer"])[-1][:200]
+
+
+def _kubeconfig(stack: auto.Stack, cluster: str) -> str:
+    """The stack's ``kubeconfig`` output; TeardownStopped without one."""
     kubeconfig = stack.outputs().get("kubeconfig")
     if kubeconfig is None:
-        out("NodePool drain skipped: the stack has no kubeconfig output")
-        return
+        raise TeardownStopped(f"cluster {cluster} exists but stack {stack.name} has no kubeconfig output to drain it "
+                              "with: nothing deleted")
+    return kubeconfig.value if isinstance(kubeconfig.value, str) else json.dumps(kubeconfig.value)
+
+
+def drain_node_pools(kubeconfig: str, cluster: str, out: Output, timeout: float) -> None:
+    """Delete Karpenter's NodePools with a foreground cascade and wait until their NodeClaims and nodes are gone.
+
+    NodePools have no finalizer of their own; their NodeClaims name them as owner with blockOwnerDeletion
+    (kubernetes-sigs/karpenter v1.14.1, pkg/controllers/provisioning/scheduling/nodeclaimtemplate.go), so with
+    ``--cascade=foreground`` a NodePool is gone only after its NodeClaims are, and each NodeClaim only after
+    Karpenter drained its node and terminated the instance. TeardownStopped when the API does not answer or the
+    drain does not finish within ``timeout`` seconds."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise TeardownStopped(f"cluster {cluster} exists and kubectl is not on PATH to drain its NodePools: "
+                              "nothing deleted (install kubectl and rerun)")
     with tempfile.NamedTemporaryFile("w", suffix=".kubeconfig") as file:
-        file.write(kubeconfig.value if isinstance(kubeconfig.value, str) else json.dumps(kubeconfig.value))
+        file.write(kubeconfig)
         file.flush()
         command = [kubectl, "--kubeconfig", file.name, "--request-timeout=20s"]
-        probe = subprocess.run([*command, "get", "nodepools.karpenter.sh", "-o", "name"], capture_output=True, text=True)
+        probe = _kubectl(command, "get", "nodepools.karpenter.sh", "-o", "name")
         if probe.returncode != 0:
-            reason = (probe.stderr.strip().splitlines() or ["no answer"])[-1][:200]
-            out(f"NodePool drain skipped: the cluster does not answer ({reason})")
-            return
-        drained = subprocess.run([*command, "delete", "nodepools.karpenter.sh", "--all", "--wait=true", "--timeout=15m"],
-                                 capture_output=True, text=True)
-        out("NodePools drained" if drained.returncode == 0 else
-            f"NodePool drain incomplete ({drained.stderr.strip()[:200]}); cleanup terminates what is left")
+            raise TeardownStopped(f"the API of cluster {cluster} does not answer ({_last_line(probe)}): nothing "
+                                  "deleted; rerun once it answers")
+        deadline = time.monotonic() + timeout
+        drained = _kubectl(command, "delete", "nodepools.karpenter.sh", "--all", "--cascade=foreground",
+                           "--wait=true", f"--timeout={int(timeout)}s")
+        if drained.returncode != 0:
+            raise TeardownStopped(f"draining the NodePools of cluster {cluster} failed ({_last_line(drained)}): "
+                                  "nothing else deleted; rerun to go on")
+        while left := _karpenter_nodes(command):
+            if time.monotonic() > deadline:
+                raise TeardownStopped(f"{len(left)} of Karpenter's NodeClaims and nodes still in cluster {cluster} "
+                                      f"after {int(timeout)}s ({', '.join(left[:3])}): nothing else deleted; rerun")
+            time.sleep(DRAIN_POLL_SECONDS)
+    out(f"NodePools drained: no NodeClaim or Karpenter node left in cluster {cluster}")
+
+
+def _karpenter_nodes(command: list[str]) -> list[str]:
+    """The NodeClaims and the nodes Karpenter launched that still exist."""
+    listed = _kubectl(command, "get", "nodeclaims.karpenter.sh,nodes", "-l", LABEL_NODEPOOL, "-o", "name")
+    if listed.returncode != 0:
+        raise TeardownStopped(f"listing NodeClaims and nodes failed ({_last_line(listed)}): nothing else deleted")
+    return listed.stdout.split()

@@ -7,6 +7,7 @@ and ``write_manifests`` puts all files in place or none.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -63,11 +64,13 @@ def write_manifests(rendered: dict[Path, dict], out_dir: Path, header: str = "")
 
     Files are written to a temporary folder beside ``out_dir`` first. A new ``out_dir`` is that folder
     renamed; into an existing one each file is renamed in place, and a failure puts back what was
-    there. SIGINT/SIGTERM wait until the files are in place.
+    there and removes the parent folders it made. SIGINT/SIGTERM wait until the files are in place.
     """
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    made = [folder for folder in (out_dir.parent, *out_dir.parent.parents) if not folder.exists()]
+    staging = None
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
         for name, manifest in rendered.items():
             (staging / name).write_text(header + to_yaml(manifest))
         with signals_deferred():
@@ -75,8 +78,16 @@ def write_manifests(rendered: dict[Path, dict], out_dir: Path, header: str = "")
                 _replace_files(staging, list(rendered), out_dir)
             else:
                 os.rename(staging, out_dir)
+    except BaseException:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # deepest first; only the empty folders it made
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
     return [out_dir / name for name in rendered]
 
 

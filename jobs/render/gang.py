@@ -4,10 +4,10 @@ from infra.config import Team
 from jobs.spec import JobSpec
 
 
-def run_policy(spec: JobSpec, team: Team, min_available: int) -> dict:
+def run_policy(spec: JobSpec, team: Team, min_available: int, backoff_limit: int) -> dict:
     """Retries, cleanup and the PodGroup (team queue, ``min_available`` pods, team priority)."""
     return {
-        "backoffLimit": spec.max_restarts,
+        "backoffLimit": backoff_limit,
         "cleanPodPolicy": "Running",
         "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
         "schedulingPolicy": {

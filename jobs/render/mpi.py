@@ -9,6 +9,7 @@ rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
 
 from jobs.render.pod import container, helper_resources, metrics_port, trainer_env, trainer_resources
 from jobs.spec import JobSpec
+from jobs.workload.args import LAUNCH_MODULE
 
 SSH_DIR = "/home/gpuyard/.ssh"
 SSH_PORT = 2222
@@ -57,12 +58,24 @@ def wait_for_sshd(hosts: list[str], port: int = SSH_PORT, seconds: int = SSHD_WA
     return ["bash", "-c", script, "wait-for-sshd"]
 
 
+def supervised(command: list[str], restarts: int = 0, hosts: list[str] | None = None) -> list[str]:
+    """``command`` under ``jobs.workload.launch``: a SIGTERM exits 143, not mpirun's 1; with ``restarts`` a retryable
+    status reruns it once every host's sshd answers again (at most SSHD_WAIT_SECONDS)."""
+    options = []
+    if restarts:
+        options = ["--restarts", str(restarts), "--wait-for", ",".join(f"{host}:{SSH_PORT}" for host in hosts or []),
+                   "--wait-seconds", str(SSHD_WAIT_SECONDS)]
+    return ["python3", "-m", LAUNCH_MODULE, *options, "--", *command]
+
+
 def launcher_container(
-    name: str, spec: JobSpec, master_addr: str, hosts: list[str] | None = None, *, wait: bool = False
+    name: str, spec: JobSpec, master_addr: str, hosts: list[str] | None = None, *, wait: bool = False,
+    restarts: int = 0, restart_hosts: list[str] | None = None,
 ) -> dict:
-    """The launcher's mpirun; with ``wait`` (no operator gating the launcher) it first waits for the workers' sshd."""
+    """The launcher's supervised mpirun; with ``wait`` (no operator gating the launcher) it first waits for the
+    workers' sshd; ``restarts`` reruns a retryable failure after ``restart_hosts`` answer again."""
     env = launcher_env(spec, master_addr)
-    command = mpirun_command(spec, env, hosts)
+    command = supervised(mpirun_command(spec, env, hosts), restarts, restart_hosts)
     if wait:
         command = wait_for_sshd(hosts or []) + command
     return container(name, spec.image, helper_resources(), command=command, args=list(spec.args), env=env)

@@ -4,6 +4,17 @@
 while workers pull images; the launcher is then created only after the workers are
 ready, so the gang (``minAvailable``) is the workers alone, else Volcano and the operator
 wait on each other forever (kubeflow/mpi-operator#608).
+
+Retries: MPI Operator v0.8.0 runs the launcher in a batch/v1 Job with the MPIJob's
+``runPolicy.backoffLimit`` and no podFailurePolicy (kubeflow/mpi-operator, pkg/controller/
+mpi_job_controller.go ``newLauncherJob``; the v2beta1 API has none), so the Job would rerun any failed
+launcher pod whatever its exit status: a diverged run (exit 1) as much as a stopped one (143). So the
+launcher Job gets ``backoffLimit: 0`` and ``restartPolicy: Never``, and its mpirun runs under
+``jobs.workload.launch``, which reruns it only after a retryable status (128 or more: a stopped or lost
+rank, or 205, mpirun's status for a lost worker node) up to ``max_restarts`` times, once every
+worker's sshd answers again (the operator recreates a deleted worker pod). Exit 1 or 2 fails the MPIJob
+at once. What the operator itself does about an evicted worker (it marks the MPIJob Failed,
+``updateMPIJobStatus``) needs real nodes to observe.
 """
 
 from infra.config import Team
@@ -16,13 +27,19 @@ from jobs.spec import JobSpec
 API_VERSION = "kubeflow.org/v2beta1"
 
 
+def worker_hosts(spec: JobSpec, team: Team) -> list[str]:
+    """The operator's hostfile: each worker behind the job's headless Service."""
+    return [f"{spec.name}-worker-{index}.{spec.name}.{team.namespace}.svc" for index in range(spec.nodes)]
+
+
 def master_addr(spec: JobSpec, team: Team) -> str:
-    """The first host of the operator's hostfile: worker 0 behind the job's headless Service."""
-    return f"{spec.name}-worker-0.{spec.name}.{team.namespace}.svc"
+    """The first host of the operator's hostfile: worker 0."""
+    return worker_hosts(spec, team)[0]
 
 
 def render(spec: JobSpec, team: Team) -> dict:
-    launcher = launcher_container("launcher", spec, master_addr(spec, team))
+    launcher = launcher_container("launcher", spec, master_addr(spec, team), restarts=spec.max_restarts,
+                                  restart_hosts=worker_hosts(spec, team))
     worker = worker_container("worker", spec)
     return {
         "apiVersion": API_VERSION,
@@ -33,11 +50,11 @@ def render(spec: JobSpec, team: Team) -> dict:
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": SSH_DIR,
-            "runPolicy": run_policy(spec, team, min_available=spec.nodes),
+            "runPolicy": run_policy(spec, team, min_available=spec.nodes, backoff_limit=0),
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
-                    "restartPolicy": "OnFailure",
+                    "restartPolicy": "Never",
                     "template": helper_pod(spec, team, "launcher", launcher, scheduler_name=SCHEDULER_NAME),
                 },
                 "Worker": {

@@ -4,11 +4,28 @@ KubeRay, run with --batch-scheduler=volcano (infra.operators), gang-schedules th
 with the queue from the job's ``volcano.sh/queue-name`` label and the priority class from
 ``ray.io/priority-class-name``; the worker group is fixed-size so the gang is head + ``nodes`` workers.
 Ray's own metrics stay on 8080 so the trainer's ``metrics`` port (9464) is the trainer's.
+
+Retries and stops: KubeRay v1.7.0 retries a RayJob whose Ray job FAILED while ``backoffLimit`` allows,
+whatever the driver's exit status (ray-operator/controllers/ray/rayjob_controller.go
+``checkBackoffLimitAndUpdateStatusIfNeeded``; only DeadlineExceeded and JobStatusCheckTimeoutExceeded
+are never retried), and its K8sJobMode submitter ends with ``ray job logs --follow``, which exits 0
+whatever the job did: its status says whether the submission worked, not how training ended. So the
+RayJob gets ``backoffLimit: 0`` and the Ray entry retries itself (``--max-restarts``), only after a
+retryable outcome: a stop a leaving worker asked for, or a lost worker. Exit 1 or 2 fails the RayJob for
+good; so does the loss of the head (the driver runs there). Deleting the RayJob stops the Ray job
+(rayjob_controller.go, the StopJob finalizer): Ray 2.60 sends the driver SIGTERM and SIGKILLs it
+``RAY_JOB_STOP_WAIT_TIME_S`` later (dashboard/modules/job/job_supervisor.py, default 3 s), set here in
+the job's runtime env to the pod's grace period. Every Ray pod's preStop hook (KubeRay leaves graceful
+stops to one: rayjob_controller.go, the Suspending case) asks the trainer to stop at an agreed step and
+waits until rank 0 has saved it.
 """
 
 import shlex
 
+import yaml
+
 from infra.config import Team
+from infra.conventions import GRACE_PERIOD_SECONDS
 from jobs.render.pod import (
     container,
     helper_pod,
@@ -20,6 +37,8 @@ from jobs.render.pod import (
     trainer_resources,
 )
 from jobs.spec import JobSpec
+from jobs.workload.args import RAY_STOP_MODULE
+from jobs.workload.interrupt import GraceBudget
 
 API_VERSION = "ray.io/v1"
 LABEL_QUEUE = "volcano.sh/queue-name"
@@ -29,7 +48,20 @@ RAY_METRICS_PORT = "8080"
 
 
 def entrypoint(spec: JobSpec) -> str:
-    return shlex.join(["python", "-m", spec.module, *spec.args])
+    return shlex.join(["python", "-m", spec.module, *spec.args, "--max-restarts", str(spec.max_restarts)])
+
+
+def runtime_env(spec: JobSpec) -> str:
+    """The job's runtime env: Ray's job stop waits the grace period between SIGTERM and SIGKILL."""
+    grace = GRACE_PERIOD_SECONDS[spec.capacity_type]
+    return yaml.safe_dump({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(grace)}}, sort_keys=False)
+
+
+def prestop(spec: JobSpec) -> dict:
+    """Before the kubelet's SIGTERM: stop the trainer at an agreed step and wait (within the grace budget)."""
+    budget = GraceBudget(GRACE_PERIOD_SECONDS[spec.capacity_type]).seconds
+    command = ["python", "-m", RAY_STOP_MODULE, "--timeout", f"{budget:g}"]
+    return {"preStop": {"exec": {"command": command}}}
 
 
 def volcano_labels(team: Team) -> dict[str, str]:
@@ -38,6 +70,7 @@ def volcano_labels(team: Team) -> dict[str, str]:
 
 def head_group(spec: JobSpec, team: Team) -> dict:
     head = container("ray-head", spec.image, helper_resources())
+    head["lifecycle"] = prestop(spec)
     return {
         # no training on the head: every Ray Train worker lands on a worker pod
         "rayStartParams": {"num-cpus": "0", "metrics-export-port": RAY_METRICS_PORT},
@@ -47,6 +80,7 @@ def head_group(spec: JobSpec, team: Team) -> dict:
 
 def worker_group(spec: JobSpec, team: Team) -> dict:
     worker = container("ray-worker", spec.image, trainer_resources(spec), env=trainer_env(spec), ports=[metrics_port()])
+    worker["lifecycle"] = prestop(spec)
     return {
         "groupName": WORKER_GROUP,
         "replicas": spec.nodes,
@@ -64,9 +98,10 @@ def render(spec: JobSpec, team: Team) -> dict:
         "metadata": metadata(spec, team, volcano_labels(team)),
         "spec": {
             "entrypoint": entrypoint(spec),
+            "runtimeEnvYAML": runtime_env(spec),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
-            "backoffLimit": spec.max_restarts,
+            "backoffLimit": 0,  # the Ray entry retries itself, never a final exit (see above)
             "rayClusterSpec": {
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": head_group(spec, team),

@@ -5,7 +5,9 @@ the JobSet, torchrun's rendezvous env, the Volcano PodGroup with the team's queu
 priority class and the metrics port; the TrainJob sets the trainer (image, command, nodes, resources) and
 patches the ``node`` pods with what every gpuyard training pod carries (labels, do-not-disrupt, service
 account, placement, /dev/shm, non-root). The TrainJob API has no TTL, restart count or priority class, and
-Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them.
+Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them, and the retry rule too (exit
+1 and 2 fail the JobSet, anything else restarts it: infra/trainer_runtime.py). torchrun runs as
+``jobs.workload.torchrun``, whose exit status is its workers', with ``--max-restarts=0``.
 """
 
 from infra.config import Team
@@ -23,6 +25,7 @@ from jobs.render.pod import (
     trainer_resources,
 )
 from jobs.spec import JobSpec
+from jobs.workload.args import TORCHRUN_MODULE
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 RUNTIME = TRAINING_RUNTIME
@@ -34,7 +37,7 @@ def trainer(spec: JobSpec) -> dict:
     """torchrun gets nodes, ranks and the master from the runtime's ``PET_*`` env."""
     return {
         "image": spec.image,
-        "command": ["torchrun", "-m", spec.module],
+        "command": ["python3", "-m", TORCHRUN_MODULE, "--max-restarts=0", "-m", spec.module],
         "args": list(spec.args),
         "env": env_list(trainer_env(spec)),
         "numNodes": spec.nodes,

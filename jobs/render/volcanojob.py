@@ -4,10 +4,17 @@ The ``ssh`` plugin shares a per-job key (mounted where the ``mpi`` image's sshd 
 it), ``svc`` gives the workers stable hostnames ``<job>-mpiworker-<i>.<job>``. The gang is
 every pod; the master waits (bounded) for the workers' sshd, a failed or evicted pod restarts
 the whole job up to ``maxRetry`` times, and the master finishing completes it.
+
+Final exits end it instead: Volcano v1.15.1 (volcano-sh/volcano, pkg/controllers/job/
+job_controller_util.go ``applyPolicies``) takes the first job policy whose event or ``exitCode`` matches
+a pod failure, with the exit code of the pod's first container (job_controller_handler.go
+``updatePod``). So ``exitCode`` 1 and 2 (the master's mpirun passes on the trainer's status) come first
+with ``TerminateJob`` (the job cannot be resumed), then ``PodFailed``/``PodEvicted`` with ``RestartJob``.
+The master's mpirun runs under ``jobs.workload.launch``, so a SIGTERM ends it with 143, not mpirun's 1.
 """
 
 from infra.config import Team
-from infra.conventions import SCHEDULER_NAME
+from infra.conventions import FINAL_EXIT_CODES, SCHEDULER_NAME
 from jobs.render.mpi import SSH_DIR, launcher_container, worker_container
 from jobs.render.pod import helper_pod, metadata, trainer_pod
 from jobs.spec import JobSpec
@@ -18,6 +25,13 @@ WORKER_TASK = "mpiworker"
 # Volcano counts job restarts, not container restarts, toward maxRetry: pods never restart in place
 # (restartPolicy Never) and a failed or evicted pod restarts the whole job, at most max_restarts times.
 RESTART_EVENTS = ("PodEvicted", "PodFailed")
+FINAL_ACTION = "TerminateJob"
+
+
+def policies() -> list[dict]:
+    """Final exit codes terminate the job; any other pod failure restarts it. Order matters: first match wins."""
+    return [*({"exitCode": code, "action": FINAL_ACTION} for code in FINAL_EXIT_CODES),
+            *({"event": event, "action": "RestartJob"} for event in RESTART_EVENTS)]
 
 
 def worker_hosts(spec: JobSpec) -> list[str]:
@@ -40,7 +54,7 @@ def render(spec: JobSpec, team: Team) -> dict:
             "maxRetry": spec.max_restarts,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
             "plugins": {"ssh": [f"--ssh-key-file-path={SSH_DIR}"], "svc": []},
-            "policies": [{"event": event, "action": "RestartJob"} for event in RESTART_EVENTS],
+            "policies": policies(),
             "tasks": [
                 {
                     "name": MASTER_TASK,

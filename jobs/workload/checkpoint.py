@@ -1,12 +1,14 @@
-"""Atomic, verified checkpoints on a Storage, written by rank 0 and read by every rank.
+"""Atomic, verified checkpoints on a Storage: written by rank 0, each one read whole by every rank.
 
 A checkpoint is two objects named by the global step: ``ckpt-000000300.pt`` (the ``torch.save``
 bytes) and, written only after it, the manifest ``ckpt-000000300.json`` naming it with its size,
-sha256 and the run's identity (model, dataset size, seed, batch size, world size, lr). A reader only
+sha256 and the run's identity (model, dataset size, seed, batch size, lr, dropout). A reader only
 trusts manifests and verifies the data against them, so it never sees a partial checkpoint; a corrupt
-or partial one is reported and skipped for the previous one; a checkpoint of another run's identity
-is an error. Objects whose names are not exactly ours are ignored. Pruning to the last ``keep``
-deletes a manifest before its data, so no manifest ever names missing data.
+or partial one (an unreadable manifest, one naming anything but its own data object, data that is
+not what the manifest says or not a torch file, a state that does not apply) is reported and skipped
+for the previous one; a checkpoint of another run's identity is an error. Objects whose names are not
+exactly ours are ignored. Pruning to the last ``keep`` deletes a manifest before its data, so no
+manifest ever names missing data.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import pickle
 import re
 import threading
 import time
@@ -28,10 +29,11 @@ from jobs.workload.storage import Storage, StorageError
 
 Event = dict[str, Any]
 DATA, MANIFEST = ".pt", ".json"
-MANIFEST_KEYS = ("step", "data", "bytes", "sha256")
 OURS = re.compile(r"ckpt-(\d{9})\.(pt|json)")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+PROBE, PROBE_BYTES = ".save-probe", 2**20
 IDENTITY_FLAGS = {"model": "--model", "dataset_size": "--dataset-size", "seed": "--seed",
-                  "batch_size": "--batch_size", "world_size": "world size", "lr": "--lr"}
+                  "batch_size": "--batch_size", "lr": "--lr", "dropout": "--dropout"}
 
 
 def data_name(step: int) -> str:
@@ -58,9 +60,13 @@ class Checkpoint:
     uri: str
     manifest: dict[str, Any]
 
+    @property
+    def name(self) -> str:
+        return manifest_name(self.step)
+
 
 class CorruptCheckpoint(Exception):
-    """A manifest or its data does not check out."""
+    """A manifest or its data does not check out, as one line."""
 
 
 class IdentityMismatch(Exception):
@@ -72,15 +78,47 @@ def identity_mismatch(uri: str, theirs: Any, ours: dict[str, Any]) -> str | None
     if not isinstance(theirs, dict):
         return f"{uri} records no run identity: use another --checkpoint-uri"
     differing = [f"{flag} {theirs.get(key)!r} in the checkpoint, {ours[key]!r} now"
-                 for key, flag in IDENTITY_FLAGS.items() if theirs.get(key) != ours[key]]
+                 for key, flag in IDENTITY_FLAGS.items() if key in ours and theirs.get(key) != ours[key]]
     if not differing:
         return None
     return (f"{uri} was written by another run ({'; '.join(differing)}): "
             "resume with the same values or use another --checkpoint-uri")
 
 
+def check_manifest(name: str, manifest: Any) -> dict[str, Any]:
+    """The manifest ``name`` holds, if it names exactly its own data object with a size and a sha256."""
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpoint(f"unreadable manifest: a {type(manifest).__name__}, not an object")
+    step = step_of(name)
+    expected = {"step": step, "data": data_name(step)}
+    for key, value in expected.items():
+        if key not in manifest:
+            raise CorruptCheckpoint(f"unreadable manifest: no {key!r}")
+        if manifest[key] != value or type(manifest[key]) is not type(value):
+            raise CorruptCheckpoint(f"unreadable manifest: {key} is {manifest[key]!r}, not {value!r}")
+    if not isinstance(manifest.get("bytes"), int) or isinstance(manifest["bytes"], bool) or manifest["bytes"] < 0:
+        raise CorruptCheckpoint("unreadable manifest: no 'bytes'" if "bytes" not in manifest
+                                else f"unreadable manifest: bytes is {manifest['bytes']!r}")
+    if not isinstance(manifest.get("sha256"), str) or not SHA256.fullmatch(manifest["sha256"]):
+        raise CorruptCheckpoint("unreadable manifest: no 'sha256'" if "sha256" not in manifest
+                                else "unreadable manifest: sha256 is not a hex digest")
+    return manifest
+
+
+def deserialize(name: str, payload: bytes) -> dict[str, Any]:
+    """``torch.load`` of untrusted bytes (weights only): whatever it raises, the object is no checkpoint."""
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as error:  # zip, pickle and tensor errors alike: RuntimeError, UnpicklingError, EOFError, ...
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CorruptCheckpoint(f"{name}: not a checkpoint: {message}") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{name}: not a checkpoint: holds a {type(state).__name__}, not a dict")
+    return state
+
+
 class Checkpointer:
-    """Save, prune and load checkpoints on ``storage``; ``emit`` receives one event dict per outcome.
+    """Save, prune, list and read checkpoints on ``storage``; ``emit`` receives one event dict per outcome.
 
     ``guard`` runs before every write (rank 0 checks its lease there) and raises StorageError to stop it.
     """
@@ -126,6 +164,28 @@ class Checkpointer:
             self.emit({"event": "prune_failed", "error": str(error)})
         return True
 
+    def manifests(self) -> list[str]:
+        """Manifest names, newest first; reports data objects newer than any manifest (partial writes)."""
+        names = our_names(self.storage.names())
+        self._names = set(names)
+        manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
+        newest_complete = step_of(manifests[0]) if manifests else -1
+        for partial in sorted(n for n in names if n.endswith(DATA) and n.replace(DATA, MANIFEST) not in names):
+            if step_of(partial) > newest_complete:
+                self.emit({"event": "checkpoint_skipped", "name": partial, "reason": "no manifest (partial write)"})
+        return manifests
+
+    def upload_seconds(self, size: int) -> float:
+        """About how long uploading ``size`` bytes takes: one PUT of at most PROBE_BYTES (then deleted), scaled
+        by size. Conservative for large checkpoints (it counts the request latency per MiB and no multipart
+        parallelism); raises StorageError."""
+        probe = min(size, PROBE_BYTES) or 1
+        started = time.perf_counter()
+        self.storage.put(PROBE, bytes(probe))
+        seconds = time.perf_counter() - started
+        self.storage.delete(PROBE)
+        return seconds * max(1.0, size / probe)
+
     def newest_manifest(self) -> dict[str, Any] | None:
         """The newest readable manifest; raises IdentityMismatch if it belongs to a run of another shape."""
         for name in sorted((n for n in our_names(self.storage.names()) if n.endswith(MANIFEST)), reverse=True):
@@ -135,47 +195,40 @@ class Checkpointer:
                 continue
         return None
 
-    def load_latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies; reports each one skipped on the way."""
-        names = our_names(self.storage.names())
-        self._names = set(names)
-        manifests = sorted((n for n in names if n.endswith(MANIFEST)), reverse=True)
-        newest_complete = step_of(manifests[0]) if manifests else -1
-        for partial in sorted(n for n in names if n.endswith(DATA) and n.replace(DATA, MANIFEST) not in names):
-            if step_of(partial) > newest_complete:
-                self.emit({"event": "checkpoint_skipped", "name": partial, "reason": "no manifest (partial write)"})
-        for name in manifests:
-            try:
-                return self._load(name)
-            except (CorruptCheckpoint, StorageError) as error:
-                self.emit({"event": "checkpoint_skipped", "name": name, "reason": str(error)})
-        return None
-
-    def _manifest(self, name: str) -> dict[str, Any]:
-        try:
-            manifest = json.loads(self.storage.get(name))
-        except ValueError as error:
-            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
-        missing = [key for key in MANIFEST_KEYS if not isinstance(manifest, dict) or key not in manifest]
-        if missing:
-            raise CorruptCheckpoint(f"unreadable manifest: no {missing[0]!r}")
-        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
-        if mismatch:
-            raise IdentityMismatch(mismatch)
-        return manifest
-
-    def _load(self, name: str) -> Checkpoint:
+    def read(self, name: str) -> Checkpoint:
+        """The checkpoint of manifest ``name``, verified; raises CorruptCheckpoint or StorageError."""
         manifest = self._manifest(name)
         payload = self.storage.get(manifest["data"])
         if len(payload) != manifest["bytes"] or hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
             raise CorruptCheckpoint(f"{manifest['data']}: size or sha256 differs from its manifest")
+        return Checkpoint(manifest["step"], deserialize(manifest["data"], payload), f"{self.storage.uri}/{name}",
+                          manifest)
+
+    def choose(self, accept: Callable[[Checkpoint], None] = lambda checkpoint: None) -> Checkpoint | None:
+        """The newest checkpoint that verifies and that ``accept`` takes (it raises CorruptCheckpoint if not);
+        reports each one skipped on the way."""
+        for name in self.manifests():
+            try:
+                checkpoint = self.read(name)
+                accept(checkpoint)
+                return checkpoint
+            except (CorruptCheckpoint, StorageError) as error:
+                self.emit({"event": "checkpoint_skipped", "name": name, "reason": str(error)})
+        return None
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies."""
+        return self.choose()
+
+    def _manifest(self, name: str) -> dict[str, Any]:
         try:
-            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
-            raise CorruptCheckpoint(f"{manifest['data']}: not a checkpoint: {error}") from None
-        if not isinstance(state, dict):
-            raise CorruptCheckpoint(f"{manifest['data']}: not a checkpoint: holds a {type(state).__name__}, not a dict")
-        return Checkpoint(manifest["step"], state, f"{self.storage.uri}/{name}", manifest)
+            manifest = check_manifest(name, json.loads(self.storage.get(name)))
+        except (ValueError, RecursionError) as error:
+            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
+        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
+        if mismatch:
+            raise IdentityMismatch(mismatch)
+        return manifest
 
     def _prune(self) -> None:
         names = self._known_names()

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 FEATURES = 20
 
@@ -24,46 +22,70 @@ def synthetic_dataset(size: int, seed: int) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
-def build_model(name: str, seed: int) -> nn.Module:
-    """``linear`` is the tutorial's ``Linear(20, 1)``; ``mlp`` is a larger model for benchmarks."""
+def build_model(name: str, seed: int, dropout: float = 0.0) -> nn.Module:
+    """``linear`` is the tutorial's ``Linear(20, 1)``; ``mlp`` is a larger model for benchmarks, with
+    ``dropout`` after each hidden layer (per-rank randomness)."""
     torch.manual_seed(seed)
     if name == "linear":
         return nn.Linear(FEATURES, 1)
     if name == "mlp":
-        return nn.Sequential(nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+        hidden = [nn.Linear(FEATURES, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU()]
+        if dropout:
+            hidden = [*hidden[:2], nn.Dropout(dropout), *hidden[2:], nn.Dropout(dropout)]
+        return nn.Sequential(*hidden, nn.Linear(512, 1))
     raise ValueError(f"unknown model {name!r}")
 
 
-class ResumableSampler(DistributedSampler):
-    """A DistributedSampler that can start an epoch part-way: at batch ``start_batch`` of ``batch_size``.
+class ResumableSampler(Sampler[int]):
+    """DistributedSampler's order, resumable after any number of samples, at any world size.
 
-    The order of an epoch depends only on the seed and the epoch, so skipping the indices of the
-    batches already trained gives exactly the batches an uninterrupted run would train next.
+    An epoch's order is a permutation fixed by the seed and the epoch, padded (with its first samples)
+    to a multiple of the world size and dealt round-robin: at step ``s`` the ranks together train
+    samples ``s*B*W`` to ``(s+1)*B*W`` of it. ``set_position(epoch, consumed)`` starts after the first
+    ``consumed`` samples and deals the rest to this world size, so an unchanged world size continues
+    exactly as an uninterrupted run, and another one trains each remaining sample once.
     """
 
-    def __init__(self, dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int):
-        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-        self.batch_size, self.start_batch = batch_size, 0
+    def __init__(self, dataset: Sized, batch_size: int, rank: int, world_size: int, seed: int):
+        self.size, self.batch_size, self.rank, self.world_size, self.seed = (
+            len(dataset), batch_size, rank, world_size, seed)
+        self.epoch = self.consumed = 0
 
-    def set_position(self, epoch: int, start_batch: int = 0) -> None:
-        self.set_epoch(epoch)
-        self.start_batch = start_batch
+    def set_position(self, epoch: int, consumed: int = 0) -> None:
+        self.epoch, self.consumed = epoch, consumed
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank trains in the rest of the epoch."""
+        return -(-max(0, self.size - self.consumed) // self.world_size)
 
     @property
     def batches_per_epoch(self) -> int:
-        return -(-self.num_samples // self.batch_size)
+        """Batches this rank trains in a whole epoch."""
+        return -(-(-(-self.size // self.world_size)) // self.batch_size)
+
+    def _order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        rest = order[self.consumed:]
+        padding = -len(rest) % self.world_size
+        return rest + (order * (padding // len(order) + 1))[:padding]
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(super().__iter__(), self.start_batch * self.batch_size, None)
+        return iter(self._order()[self.rank::self.world_size])
 
     def __len__(self) -> int:
-        return max(0, self.num_samples - self.start_batch * self.batch_size)
+        return self.num_samples
 
 
 def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world_size: int, seed: int) -> DataLoader:
-    """Each rank reads its own shard; call ``loader.sampler.set_position(epoch, start_batch)`` every epoch."""
+    """Each rank reads its own share; call ``loader.sampler.set_position(epoch, consumed)`` every epoch.
+
+    The loader draws a seed for its workers each time an epoch starts: from a generator of its own, not the
+    rank's global one, whose state a checkpoint saves (else a mid-epoch resume would shift every later draw)."""
     sampler = ResumableSampler(dataset, batch_size, rank, world_size, seed)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available(),
+                      generator=torch.Generator().manual_seed(seed))
 
 
 def weights_sha256(model: nn.Module) -> str:

@@ -8,6 +8,7 @@ with ``MASTER_ADDR``/``MASTER_PORT`` passed through ``-x``) and plain ``python``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,14 +43,34 @@ def launcher_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
 
     torchrun and Ray Train set ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; mpirun sets
     ``OMPI_COMM_WORLD_*`` and, torch having no MPI backend here, the gloo rendezvous needs
-    ``MASTER_ADDR``/``MASTER_PORT`` from ``-x``.
+    ``MASTER_ADDR``/``MASTER_PORT`` from ``-x``. Every value is checked (a LaunchError names the variable), so a
+    wrong one stops the trainer before any process group: ranks below their sizes, a port, a thread count.
     """
     if MPIRUN_VARIABLES[0] in environ and not {"MASTER_ADDR", "MASTER_PORT"} <= environ.keys():
         raise LaunchError("mpirun: pass MASTER_ADDR and MASTER_PORT with -x (gloo rendezvous)")
+    if "OMP_NUM_THREADS" in environ:
+        _whole(environ, "OMP_NUM_THREADS", "1", low=1)
     for names in (TORCHRUN_VARIABLES, MPIRUN_VARIABLES):
         if names[0] in environ:
-            return DistEnv(*(int(environ.get(name, default)) for name, default in zip(names, ("0", "1", "0", "1"))))
+            rank, world, local_rank, local_world = names
+            env = DistEnv(_whole(environ, rank, "0"), _whole(environ, world, "1", low=1),
+                          _whole(environ, local_rank, "0"), _whole(environ, local_world, "1", low=1))
+            for index, size, index_name, size_name in ((env.rank, env.world_size, rank, world),
+                                                       (env.local_rank, env.local_world_size, local_rank, local_world)):
+                if index >= size:
+                    raise LaunchError(f"{index_name}={index} is not below {size_name}={size}")
+            if env.world_size > 1 and "MASTER_PORT" in environ:
+                _whole(environ, "MASTER_PORT", "", low=1, high=65535)
+            return env
     return DistEnv()
+
+
+def _whole(environ: Mapping[str, str], name: str, default: str, low: int = 0, high: int = 2**31 - 1) -> int:
+    text = environ.get(name, default)
+    if not re.fullmatch(r"[0-9]{1,10}", text) or not low <= int(text) <= high:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise LaunchError(f"{name}={shown!r} is not a whole number from {low} to {high} (the launcher's environment)")
+    return int(text)
 
 
 def backend() -> str:
@@ -96,3 +117,12 @@ def agree_exit_code(code: int, on: torch.device) -> int:
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether a collective failed because another rank or its node went away (so a rerun may succeed).
+
+    NCCL raises DistBackendError (a DistError); gloo a plain RuntimeError from its TCP transport
+    ("[.../gloo/transport/tcp/pair.cc:...] Read error ...: Connection reset by peer", torch 2.13).
+    """
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and "/gloo/transport/" in str(error))

@@ -1,10 +1,10 @@
 """Stopping on SIGTERM at a step boundary every rank agrees on, within the pod's grace period.
 
 The kubelet signals the container's PID 1 (torchrun, mpirun, the Ray entry or python); torchrun and
-mpirun forward SIGTERM to their ranks, but any subset of ranks may be the one signalled. Every step
-each rank contributes its flags to one small all-reduce (MAX), so all ranks see the same verdict after
-the same step and stop together; rank 0 then writes a step checkpoint and every rank exits with
-``EXIT_RETRYABLE``.
+mpirun forward SIGTERM to their ranks, but any subset of ranks may be the one signalled. About every
+``AGREE_SECONDS`` each rank contributes its flags to one small all-reduce (MAX), so all ranks see the
+same verdict after the same step and stop together; rank 0 then writes a step checkpoint and every
+rank exits with ``EXIT_RETRYABLE``.
 """
 
 from __future__ import annotations
@@ -21,22 +21,10 @@ import torch.distributed as dist
 
 Event = dict[str, Any]
 
-# The exit status of a stopped (or not durably saved) run must read "retry me" to every operator:
-# - Training Operator v1.9 (kubeflow/training-operator, pkg/util/train/train_util.go, IsRetryableExitCode:
-#   exitCode >= 128) restarts a replica whose restartPolicy is ExitCode only for 128-255; 1-127 are permanent.
-# - MPI Operator v0.8.0 (kubeflow/mpi-operator, pkg/controller/mpi_job_controller.go, setRestartPolicy): ExitCode
-#   becomes pod restartPolicy Never and the launcher Job's backoffLimit counts any non-zero exit; OnFailure (our
-#   templates) restarts on any non-zero exit.
-# - KubeRay v1.7.0 RayJob: spec.backoffLimit retries a failed job whatever the driver's exit code.
-# - Volcano Job: `policies` match events (PodEvicted, PodFailed) or one `exitCode`; 143 can be named there.
-# - Kubeflow Trainer v2.3.0 runs the trainer in a JobSet's batch/v1 Jobs: backoffLimit counts any failure.
-# 143 = 128 + SIGTERM, the status a process killed by SIGTERM has: retryable everywhere above.
-EXIT_RETRYABLE = 128 + signal.SIGTERM
-EXIT_NONFINITE = 1  # deterministic: a rerun diverges again, so it must not be retried
-EXIT_CONFLICT = 2  # another run holds the checkpoint prefix: a configuration error
-# bench/bench_interrupt.py on 2 busy cores: one gloo all-reduce per step cost 28% of a bare mlp step (16 ms);
-# once every 10 steps costs little and delays a stop by at most 10 steps
-AGREE_EVERY_STEPS = 10
+# How often the ranks agree whether to stop: about every 2 s whatever a step takes, so a stop waits at most
+# about this long plus one step (every N steps would wait N * 5-10 s on a large model). bench/bench_interrupt.py
+# measures what it costs against the bare DDP loop.
+AGREE_SECONDS = 2.0
 
 
 class StopRequest:
@@ -67,29 +55,36 @@ class Verdict:
 
 
 class StepAgreement:
-    """Every ``every`` steps one all-reduce of three flags: the same verdict on every rank after the same step.
+    """About every ``seconds``, one all-reduce (MAX) of four numbers: stop, non-finite, lease lost, and the
+    seconds a step has taken since the last agreement.
 
-    Ranks start together and count the same steps, so they reduce at the same steps. In between a rank
-    only folds its loss into a local non-finite flag, with no synchronisation.
+    Every rank receives the same slowest step time, so every rank computes the same number of steps to
+    the next agreement (``seconds`` of the slowest rank's steps, at least one) and they reduce at the
+    same steps again. In between a rank only folds its loss into a local non-finite flag, with no
+    synchronisation.
     """
 
-    def __init__(self, request: StopRequest, world_size: int, device: torch.device, every: int = AGREE_EVERY_STEPS):
-        self.request, self.world_size, self.every = request, world_size, every
+    def __init__(self, request: StopRequest, world_size: int, device: torch.device, seconds: float = AGREE_SECONDS):
+        self.request, self.world_size, self.seconds = request, world_size, seconds
         self._nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-        self._flags = torch.zeros(3, dtype=torch.int32, device=device)
-        self._steps = 0
+        self._flags = torch.zeros(4, dtype=torch.float64, device=device)
+        self._steps_left, self._steps, self._since = 1, 0, time.perf_counter()
 
     def check(self, loss: torch.Tensor, lease_lost: bool = False) -> Verdict:
         self._nonfinite |= ~torch.isfinite(loss)
-        self._steps += 1
-        if self.world_size > 1 and self._steps % self.every:
+        self._steps, self._steps_left = self._steps + 1, self._steps_left - 1
+        if self._steps_left > 0:
             return Verdict()
-        self._flags[0] = int(self.request.is_set)
-        self._flags[1] = self._nonfinite.to(torch.int32)
-        self._flags[2] = int(lease_lost)
+        now = time.perf_counter()
+        self._flags[0] = float(self.request.is_set)
+        self._flags[1] = self._nonfinite.to(torch.float64)
+        self._flags[2] = float(lease_lost)
+        self._flags[3] = (now - self._since) / self._steps
         if self.world_size > 1:
             dist.all_reduce(self._flags, op=dist.ReduceOp.MAX)
-        stop, nonfinite, lost = self._flags.tolist()
+        stop, nonfinite, lost, step_seconds = self._flags.tolist()
+        self._steps_left = max(1, int(self.seconds / step_seconds)) if step_seconds > 0 else 1
+        self._steps, self._since = 0, now
         return Verdict(bool(stop), bool(nonfinite), bool(lost))
 
 
@@ -111,7 +106,7 @@ class GraceBudget:
 class GraceWatch:
     """Warns (as an event) when a checkpoint save could not finish within the grace budget.
 
-    Once at start from an estimate, then after a save that overran, each time the checkpoint has grown.
+    Once after the first step from an estimate, then after a save that overran, each time the checkpoint has grown.
     """
 
     def __init__(self, budget: GraceBudget, emit: Callable[[Event], None]):

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+METRICS_ADDRESS = "0.0.0.0"  # start_http_server's default
+
+
+class PortInUse(ValueError):
+    """``--metrics-port`` cannot be served here, as one line."""
+
+
+def check_port(port: int) -> None:
+    """Raise PortInUse unless ``port`` can be bound as ``TrainMetrics.serve`` binds it (checked before training)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server.HTTPServer does
+        try:
+            probe.bind((METRICS_ADDRESS, port))
+        except OSError as error:
+            reason = "in use" if error.errno == errno.EADDRINUSE else (error.strerror or str(error))
+            raise PortInUse(f"--metrics-port {port}: {reason} on this machine") from None
 
 
 class TrainMetrics:
@@ -24,7 +43,15 @@ class TrainMetrics:
                                      registry=self.registry)
 
     def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+        """Serve on every address of the process's network namespace (prometheus_client's default, 0.0.0.0).
+
+        In a pod that namespace is the pod's own: loopback and the pod IP, which the PodMonitor scrapes and the
+        team's NetworkPolicy opens to the monitoring namespace only; team namespaces refuse ``hostNetwork``
+        (infra/tenancy.py). Binding the pod IP instead would close only loopback, which only the pod's own
+        containers reach, and they share the pod IP: nothing would change, so the default stays. Outside a pod (a
+        workstation) 0.0.0.0 is every interface of the host: give ``--metrics-port`` there only on a trusted network.
+        """
+        start_http_server(port, addr=METRICS_ADDRESS, registry=self.registry)
 
     def record(self, event: dict[str, Any]) -> None:
         kind = event["event"]

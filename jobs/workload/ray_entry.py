@@ -1,13 +1,23 @@
 """Ray Train entrypoint: the same trainer in ``TorchTrainer`` workers on a local or existing Ray cluster.
 
     python -m jobs.workload.ray_entry TOTAL_EPOCHS SAVE_EVERY --batch_size N [...] [--num-workers N] [--use-gpu]
+        [--max-restarts N]
 
 Ray Train starts the gloo/nccl process group and sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in each
-worker, so the workers run ``train.run`` unchanged. Worker output stays in Ray's logs; rank 0 hands
-its events (JSON lines, ending with ``done`` or ``stopped``) and exit status to the driver through a Ray
-queue at the end; the driver prints them and exits with that status. SIGTERM to the driver sets a flag in a Ray actor that every
-worker polls on a thread, so the workers stop at one agreed step as under torchrun. Starts a local Ray
-instance unless ``RAY_ADDRESS`` names a cluster (as in a RayJob).
+worker, so the workers run ``train.run`` unchanged. Rank 0's output (its JSON lines and its one-line
+errors) reaches the driver through a Ray queue line by line as it is written, and the driver prints it
+at once, so ``ray job logs`` and ``kubectl logs`` follow the run. The driver exits with rank 0's status.
+
+Stopping: a named Ray actor (``STOP_ACTOR``) holds the stop requests every worker polls. The driver adds
+one on SIGTERM (``ray job stop``: Ray 2.60 ``dashboard/modules/job/job_supervisor.py`` sends SIGTERM,
+then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S``, which the RayJob template sets to the grace budget);
+a Ray pod that is going away adds one from its preStop hook (``jobs.workload.ray_stop``) and waits
+until the trainer has stopped and saved. Either way every rank stops at one agreed step, as under
+torchrun. After a stop that a leaving pod asked for (the driver waits until one of the attempt's nodes
+has left), or a worker group that failed (a worker lost without warning), the driver runs the trainer
+again, at most ``--max-restarts`` times: it resumes from the newest checkpoint. Final statuses (1, 2) and a stop
+of the driver itself are never run again. Starts a local Ray instance unless ``RAY_ADDRESS`` names a
+cluster (as in a RayJob).
 """
 
 from __future__ import annotations
@@ -15,35 +25,66 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import queue
 import signal
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 
 import torch
 
+from infra.conventions import EXIT_RETRYABLE
 from jobs.workload import dist, train
-from jobs.workload.args import parse_args
-from jobs.workload.interrupt import EXIT_RETRYABLE, StopRequest
+from jobs.workload.args import ArgsError, parse_args, whole_number
+from jobs.workload.interrupt import StopRequest
 from jobs.workload.progress import Reporter
-from jobs.workload.storage import open_storage
 
-
+NAMESPACE = "gpuyard"
+STOP_ACTOR = "gpuyard-stop"
+DRIVER = "driver"
 POLL_SECONDS = 0.2
+MAX_WORKERS = 10_000  # Ray Train workers of one job; a larger number is a typo (Ray would wait for them forever)
+MAX_RESTARTS = 100  # reruns of the worker group; a larger number is a typo
+NODE_GONE_SECONDS = 30.0  # after a worker's grace period, how long its node may take to leave the cluster
 
 
 class StopFlag:
-    """A Ray actor: the driver sets it on SIGTERM, the workers poll it."""
+    """A Ray actor: who asked the trainer to stop (the driver, or a leaving node's id), and whether it has."""
 
     def __init__(self) -> None:
-        self._set = False
+        self._requests: list[str] = []
+        self._stopped = False
 
-    def set(self) -> None:
-        self._set = True
+    def request(self, by: str) -> None:
+        self._requests.append(by)
+
+    def requests(self) -> list[str]:
+        return list(self._requests)
 
     def is_set(self) -> bool:
-        return self._set
+        return bool(self._requests)
+
+    def finish(self) -> None:
+        self._stopped = True
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def reset(self) -> None:
+        self._requests, self._stopped = [], False
+
+
+class QueueLines(io.TextIOBase):
+    """A text stream whose every write goes to the driver at once, tagged with the stream it stands for."""
+
+    def __init__(self, lines: Any, stream: str):
+        self.lines, self.stream = lines, stream
+
+    def write(self, text: str) -> int:
+        self.lines.put((self.stream, text))
+        return len(text)
 
 
 def _poll(flag: Any, stop: StopRequest, finished: threading.Event) -> None:
@@ -56,62 +97,166 @@ def _poll(flag: Any, stop: StopRequest, finished: threading.Event) -> None:
 
 
 def _train_loop(config: dict[str, Any]) -> None:
+    from contextlib import redirect_stderr
+
     args, env = parse_args(config["argv"]), dist.launcher_env()
     stop, finished = StopRequest(), threading.Event()
-    stop.install()
     threading.Thread(target=_poll, args=(config["stop"], stop, finished), name="stop-poll", daemon=True).start()
-    lines = io.StringIO()
+    lines = config["lines"]
+    errors = QueueLines(lines, "stderr") if env.is_main else sys.stderr
     try:
-        outcome = train.run(args, env, open_storage(args.checkpoint_uri) if args.checkpoint_uri else None, stop,
-                            Reporter(enabled=env.is_main, stream=lines))
+        with redirect_stderr(errors):
+            storage = train.open_checked_storage(args.checkpoint_uri, env.rank)
+            outcome = train.run(args, env, storage, stop, Reporter(enabled=env.is_main, stream=QueueLines(lines, "stdout")))
     finally:
         finished.set()
     if env.is_main:
-        config["done"].put({"lines": lines.getvalue(), "exit_code": outcome.exit_code})
+        lines.put(("exit", outcome.exit_code))
 
 
 def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """``--num-workers`` and ``--use-gpu`` (default: this machine has CUDA) for Ray; the rest is the trainer's."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--num-workers", type=whole_number, default=2)
+    parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available())
+    try:
+        known, rest = parser.parse_known_args(argv)
+    except (argparse.ArgumentError, ArgsError) as error:
+        sys.stderr.write(f"ray_entry: error: {error}\n")
+        raise SystemExit(2) from None
+    if not 1 <= known.num_workers <= MAX_WORKERS:
+        sys.stderr.write(f"ray_entry: error: --num-workers must be from 1 to {MAX_WORKERS} (got {known.num_workers})\n")
+        raise SystemExit(2)
+    """``--num-workers``, ``--use-gpu`` (default: this machine has CUDA) and ``--max-restarts`` for Ray; the
+    rest is the trainer's."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available())
+    parser.add_argument("--max-restarts", type=int, default=0)
     known, rest = parser.parse_known_args(argv)
-    if known.num_workers < 1:
-        sys.stderr.write(f"ray_entry: error: --num-workers must be >= 1 (got {known.num_workers})\n")
-        raise SystemExit(2)
+    for flag, value, minimum in (("--num-workers", known.num_workers, 1), ("--max-restarts", known.max_restarts, 0)):
+        if value < minimum:
+            sys.stderr.write(f"ray_entry: error: {flag} must be >= {minimum} (got {value})\n")
+            raise SystemExit(2)
     return known, rest
+
+
+class Driver:
+    """Runs the trainer's worker group until it ends with a status not to retry, printing rank 0's lines."""
+
+    def __init__(self, launcher: argparse.Namespace, trainer_argv: list[str], grace_period: float):
+        import ray
+
+        self.launcher, self.trainer_argv, self.grace_period = launcher, trainer_argv, grace_period
+        self.flag = ray.remote(num_cpus=0)(StopFlag).options(name=STOP_ACTOR, **_on_this_node()).remote()
+        self.stopped_by_signal = False
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stopped_by_signal = True
+        self.flag.request.remote(DRIVER)
+
+    def run(self) -> int:
+        import ray
+
+        for attempt in range(self.launcher.max_restarts + 1):
+            nodes = _alive_nodes()
+            exit_code = self._attempt()
+            requests = ray.get(self.flag.requests.remote())
+            if exit_code != EXIT_RETRYABLE or self.stopped_by_signal or DRIVER in requests:
+                return exit_code
+            if attempt == self.launcher.max_restarts:
+                break
+            if requests:  # a leaving pod asked: it has been told the trainer stopped, now it goes
+                self._wait_for_one_gone(nodes)
+            ray.get(self.flag.reset.remote())
+            sys.stderr.write(f"ray_entry: running the trainer again ({attempt + 1} of "
+                             f"{self.launcher.max_restarts} restarts): it resumes from its newest checkpoint\n")
+        return exit_code
+
+    def _attempt(self) -> int:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+        from ray.util.queue import Queue
+
+        lines = Queue(actor_options={"num_cpus": 0, **_on_this_node()})
+        result: dict[str, int] = {}
+        ended = threading.Event()
+        printer = threading.Thread(target=_print_lines, args=(lines, result, ended), name="lines", daemon=True)
+        printer.start()
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpuyard-ray-") as results:
+                TorchTrainer(
+                    _train_loop, train_loop_config={"argv": self.trainer_argv, "lines": lines, "stop": self.flag},
+                    scaling_config=ScalingConfig(num_workers=self.launcher.num_workers, use_gpu=self.launcher.use_gpu),
+                    run_config=RunConfig(name="gpuyard-train", storage_path=results),
+                ).fit()
+        except Exception as error:  # a worker (or its node) was lost, or a worker raised: the group failed
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            sys.stderr.write(f"ray_entry: the worker group failed: {first_line}\n")
+        finally:
+            ended.set()
+            printer.join(timeout=30)
+            self.flag.finish.remote()
+        return result.get("exit", EXIT_RETRYABLE)
+
+    def _wait_for_one_gone(self, nodes: set[str]) -> None:
+        """Until a node of the attempt has left the cluster (bounded by a pod's grace period), so the next attempt
+        is not placed on the pod that asked to stop."""
+        deadline = time.monotonic() + self.grace_period + NODE_GONE_SECONDS
+        while time.monotonic() < deadline and nodes <= _alive_nodes():
+            time.sleep(POLL_SECONDS)
+
+
+def _on_this_node() -> dict[str, Any]:
+    """Actor options placing a driver's actor on the driver's node: placed on a worker's node, it would die with that
+    worker's pod (Ray places actors that need no CPU on any node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+
+
+def _print_lines(lines: Any, result: dict[str, int], ended: threading.Event) -> None:
+    """Print rank 0's lines as they come, until its exit status arrives (or the attempt ended without one)."""
+    while True:
+        try:
+            stream, text = lines.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if ended.is_set():
+                return
+            continue
+        if stream == "exit":
+            result["exit"] = text
+            return
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write(text)
+        out.flush()
 
 
 def main(argv: list[str]) -> None:
     launcher, trainer_argv = _launcher_args(argv)
-    train.check_inputs(trainer_argv, world_size=launcher.num_workers)
+    train.check_inputs(trainer_argv, serves_metrics=False)
+    args = parse_args(trainer_argv)
 
     import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-    from ray.util.queue import Queue
 
     if "RAY_ADDRESS" in os.environ:
-        ray.init(log_to_driver=False)
+        ray.init(namespace=NAMESPACE, log_to_driver=False)
     else:
-        ray.init(num_cpus=launcher.num_workers, include_dashboard=False, log_to_driver=False)
-    done = Queue(maxsize=1, actor_options={"num_cpus": 0})
-    stop = ray.remote(num_cpus=0)(StopFlag).remote()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set.remote())
-    with tempfile.TemporaryDirectory(prefix="gpuyard-ray-") as results:
-        TorchTrainer(
-            _train_loop, train_loop_config={"argv": trainer_argv, "done": done, "stop": stop},
-            scaling_config=ScalingConfig(num_workers=launcher.num_workers, use_gpu=launcher.use_gpu),
-            run_config=RunConfig(name="gpuyard-train", storage_path=results),
-        ).fit()
-    outcome = done.get(timeout=30)
-    sys.stdout.write(outcome["lines"])
-    ray.shutdown()
-    if outcome["exit_code"] == EXIT_RETRYABLE:
-        sys.stdout.flush()
-        os._exit(EXIT_RETRYABLE)  # as train.main: no seconds of interpreter teardown inside a grace period
-    if outcome["exit_code"]:
-        raise SystemExit(outcome["exit_code"])
+        ray.init(num_cpus=launcher.num_workers, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    driver = Driver(launcher, trainer_argv, args.grace_period)
+    signal.signal(signal.SIGTERM, driver.on_sigterm)
+    exit_code = driver.run()
+    ray.shutdown()  # also stops the local Ray instance ray.init started
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)  # as train.main: no seconds of interpreter teardown inside a grace period
 
 
 if __name__ == "__main__":

@@ -3,19 +3,18 @@
     python -m jobs.workload.train TOTAL_EPOCHS SAVE_EVERY --batch_size N [--checkpoint-uri URI] ...
 
 Grown from the PyTorch DDP tutorial (``multigpu_torchrun.py``): the Trainer is handed its model,
-loader and optimizer, loads the newest checkpoint before the DDP wrap and saves
-``model.module.state_dict()`` from rank 0 only, every SAVE_EVERY epochs and every
-``--save-every-steps`` steps. A checkpoint holds the optimizer, every RNG state and the position in
-the epoch, so a resumed run ends bitwise identical to an uninterrupted one. On SIGTERM every rank
-stops after the same step, rank 0 saves that step within ``--grace-period`` and all exit 143.
-Rank 0 ends with one JSON line: ``{"event": "done", ..., "weights_sha256": "...", "checkpoint": URI}``
-(or ``"stopped"``).
+loader, optimizer and CheckpointManager, registers what it owns with the manager (model, optimizer
+and progress once, its rank's RNG per rank), resumes before the DDP wrap and checkpoints every
+SAVE_EVERY epochs and every ``--save-every-steps`` steps. Every rank resumes from the one checkpoint
+rank 0 chose, so a resumed run ends bitwise identical to an uninterrupted one; after a resize (another
+world size) the data position is remapped by samples. On SIGTERM every rank stops after the same step,
+rank 0 saves that step within ``--grace-period`` and all exit 143. Rank 0 ends with one JSON line:
+``{"event": "done", ..., "weights_sha256": "...", "checkpoint": URI}`` (or ``"stopped"``).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -27,20 +26,22 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+from infra.conventions import EXIT_CONFLICT, EXIT_NONFINITE, EXIT_RETRYABLE
+from infra.validation import one_line
 from jobs.workload import dist
 from jobs.workload.args import TrainArgs, exit_on_bad_args
-from jobs.workload.checkpoint import BackgroundSaver, Checkpoint, Checkpointer, IdentityMismatch, serialize
+from jobs.workload.checkpoint import Checkpointer, IdentityMismatch
 from jobs.workload.data import build_loader, build_model, synthetic_dataset, weights_sha256
-from jobs.workload.interrupt import (EXIT_CONFLICT, EXIT_NONFINITE, EXIT_RETRYABLE, GraceBudget, GraceWatch,
-                                     StepAgreement, StopRequest, Verdict)
+from jobs.workload.interrupt import AGREE_SECONDS, GraceBudget, GraceWatch, StepAgreement, StopRequest, Verdict
 from jobs.workload.lease import Lease, LeaseHeld
-from jobs.workload.metrics import TrainMetrics
+from jobs.workload.manager import CheckpointManager, Resumed, ResumeFailed, SaveSchedule
+from jobs.workload.metrics import PortInUse, TrainMetrics, check_port
 from jobs.workload.progress import Reporter
+from jobs.workload.state import RankRNG, TrainProgress
 from jobs.workload.storage import Storage, StorageError, open_storage
 
 Event = dict[str, Any]
 MOMENTUM = 0.9
-PROBE = ".save-probe"
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,6 @@ class Telemetry:
 
 
 @dataclass(frozen=True)
-class SavePolicy:
-    """When to checkpoint, and how long a save may take once SIGTERM has arrived."""
-
-    every_epochs: int
-    every_steps: int | None
-    budget: GraceBudget
-
-
-@dataclass(frozen=True)
 class Outcome:
     """The last event of a rank and the exit status it asks for."""
 
@@ -77,99 +69,113 @@ class Outcome:
 
 
 class Trainer:
-    """The tutorial's Trainer: resumes before the DDP wrap, trains, saves from rank 0 on a thread."""
+    """The tutorial's Trainer: resumes before the DDP wrap, trains, checkpoints through its manager."""
 
-    def __init__(self, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, policy: SavePolicy,
-                 checkpointer: Checkpointer | None, telemetry: Telemetry, env: dist.DistEnv, stop: StopRequest,
-                 lease: Lease | None = None):
+    def __init__(self, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, rng: RankRNG,
+                 checkpoints: CheckpointManager, watch: GraceWatch, telemetry: Telemetry, env: dist.DistEnv,
+                 stop: StopRequest, lease: Lease | None = None):
         self.device = dist.device(env)
-        self.model = model.to(self.device)
-        self.loader, self.sampler, self.optimizer, self.policy = loader, loader.sampler, optimizer, policy
-        self.checkpointer, self.telemetry, self.env, self.stop, self.lease = checkpointer, telemetry, env, stop, lease
-        self.agreement = StepAgreement(stop, env.world_size, self.device)
-        self.epoch = self.step_in_epoch = self.global_step = 0
-        checkpoint = checkpointer.load_latest() if checkpointer else None
-        if checkpoint:
-            self._restore(checkpoint)
-        self._saved_step = checkpoint.step if checkpoint else None
-        self.saver = None
-        if checkpointer and env.is_main:
-            self.saver = BackgroundSaver(checkpointer, *((checkpoint.uri, checkpoint.step) if checkpoint else ()))
-        self.model = DDP(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.module = model.to(self.device)
+        self.loader, self.sampler, self.optimizer = loader, loader.sampler, optimizer
+        self.checkpoints, self.watch, self.budget, self.telemetry, self.env, self.stop, self.lease = (
+            checkpoints, watch, watch.budget, telemetry, env, stop, lease)
+        self.progress = TrainProgress()
+        # a short grace period gets a quarter of its budget between agreements at most
+        self.agreement = StepAgreement(stop, env.world_size, self.device, min(AGREE_SECONDS, self.budget.seconds / 4))
+        for name, stateful in (("model", self.module), ("optimizer", optimizer), ("progress", self.progress)):
+            checkpoints.register(name, stateful)
+        checkpoints.register("rng", rng, per_rank=True)
+        resumed = checkpoints.load()
+        if resumed:
+            self._report_resume(resumed)
+        self._saved_step = resumed.step if resumed else None
+        self._estimated = False
+        self.model = DDP(self.module, device_ids=[self.device] if self.device.type == "cuda" else None)
 
     def train(self, max_epochs: int) -> Outcome:
         """Run the remaining steps; returns this rank's outcome (done, stopped or failed)."""
-        self.telemetry.reporter.start(max_epochs * self.sampler.batches_per_epoch, self.global_step)
-        while self.epoch < max_epochs:
-            self.sampler.set_position(self.epoch, self.step_in_epoch)
-            started, loss_sum, steps = time.perf_counter(), torch.zeros((), device=self.device), 0
-            for source, targets in self.loader:
-                step_started = time.perf_counter()
-                loss = self._run_batch(source.to(self.device), targets.to(self.device))
-                verdict = self.agreement.check(loss, lease_lost=self.lease is not None and self.lease.lost)
-                if verdict != Verdict():
-                    return self._interrupted(verdict)
-                loss_sum, steps = loss_sum + loss, steps + 1
-                self.telemetry.step(time.perf_counter() - step_started)
-                if self.policy.every_steps and self.global_step % self.policy.every_steps == 0 and not self._save():
-                    return self._nonfinite()
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            self._emit_epoch(loss_sum, steps, time.perf_counter() - started)
-            if (self.epoch % self.policy.every_epochs == 0 or self.epoch == max_epochs) and not self._save():
-                return self._nonfinite()
+        self.telemetry.reporter.start(max_epochs * self.sampler.batches_per_epoch, self.progress.global_step)
+        while self.progress.epoch < max_epochs:
+            outcome = self._run_epoch(max_epochs)
+            if outcome:
+                return outcome
         return self._finish()
+
+    def _run_epoch(self, max_epochs: int) -> Outcome | None:
+        """The rest of this epoch; an outcome if training must end here (stopped, lease lost, not finite)."""
+        progress = self.progress
+        self.sampler.set_position(progress.epoch, progress.epoch_samples)
+        batches, started, loss_sum = len(self.loader), time.perf_counter(), torch.zeros((), device=self.device)
+        if batches == 0:  # nothing left of this epoch at this world size
+            progress.end_epoch()
+        for index, (source, targets) in enumerate(self.loader, 1):
+            step_started = time.perf_counter()
+            loss = self._run_batch(source.to(self.device), targets.to(self.device))
+            verdict = self.agreement.check(loss, lease_lost=self.lease is not None and self.lease.lost)
+            if verdict != Verdict():
+                return self._interrupted(verdict)
+            loss_sum += loss
+            self.telemetry.step(time.perf_counter() - step_started)
+            if not self._estimated:  # after a step: the optimizer's state exists and counts
+                self._estimate_save()
+            if index == batches:
+                progress.end_epoch()
+                self._emit_epoch(loss_sum, index, time.perf_counter() - started)
+            last = index == batches and progress.epoch == max_epochs
+            due = self.checkpoints.due(progress.global_step, epoch_end=progress.epoch if index == batches else None,
+                                       last=last)
+            # only the final save waits for the one before it: training never blocks on a slow or hung upload
+            if due and not self._save(None if last else 0.0):
+                return self._nonfinite()
+        return None
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad()
         loss = F.mse_loss(self.model(source), targets)
         loss.backward()
         self.optimizer.step()
-        self.global_step, self.step_in_epoch = self.global_step + 1, self.step_in_epoch + 1
+        self.progress.advance(len(source) * self.env.world_size)
         return loss.detach()
 
     def _emit_epoch(self, loss_sum: torch.Tensor, steps: int, seconds: float) -> None:
         samples = steps * self.sampler.batch_size * self.env.world_size
-        self.telemetry.emit({"event": "epoch", "epoch": self.epoch, "global_step": self.global_step,
+        self.telemetry.emit({"event": "epoch", "epoch": self.progress.epoch, "global_step": self.progress.global_step,
                              "loss": round(loss_sum.item() / max(steps, 1), 6),
                              "samples_per_s": round(samples / seconds, 1), "seconds": round(seconds, 4)})
 
-    def _save(self) -> bool:
-        """Hand this step's state to the background saver (rank 0); False if the weights are not finite."""
-        if self._saved_step == self.global_step:
+    def _estimate_save(self) -> None:
+        """Say how long a save takes (rank 0), from the last manifest or a small upload probe."""
+        self._estimated = True
+        try:
+            estimate = self.checkpoints.save_estimate()
+        except StorageError as error:
+            self.telemetry.emit({"event": "checkpoint_failed", "step": None, "error": f"save estimate: {error}"})
+            return
+        if estimate:
+            self.watch.estimate(*estimate)
+
+    def _report_resume(self, resumed: Resumed) -> None:
+        event = {"event": "resume", **self.progress.state_dict(), "checkpoint": resumed.uri}
+        if resumed.world_size != self.env.world_size:  # a resize: the same samples, another global batch
+            event["world_size"] = {"saved": resumed.world_size, "now": self.env.world_size}
+        self.telemetry.emit(event)
+
+    def _save(self, timeout: float | None) -> bool:
+        """Checkpoint this step (a collective: every rank calls it at the same step) once the previous save is done,
+        waiting at most ``timeout`` for it (None: as long as it takes), else this step is not saved; False if the
+        weights are not finite, which is the same on every rank."""
+        step = self.progress.global_step
+        if self._saved_step == step:
             return True
-        if not all(torch.isfinite(tensor).all() for tensor in self.model.module.state_dict().values()
+        if not all(torch.isfinite(tensor).all() for tensor in self.module.state_dict().values()
                    if tensor.is_floating_point()):
-            return False  # the same weights on every rank: every rank returns False here
-        self._saved_step = self.global_step
-        if self.saver:
-            state = self.snapshot()
-            self.saver.submit(self.global_step, state, epoch=state["epoch"], step_in_epoch=state["step_in_epoch"])
+            return False
+        self._saved_step = step
+        if not self.checkpoints.save(step, timeout, epoch=self.progress.epoch,
+                                     epoch_samples=self.progress.epoch_samples):
+            self.telemetry.emit({"event": "checkpoint_failed", "step": step,
+                                 "error": "not saved: the previous save was still running"})
         return True
-
-    def snapshot(self) -> dict[str, Any]:
-        epoch, position = self.epoch, self.step_in_epoch
-        if position == self.sampler.batches_per_epoch:
-            epoch, position = epoch + 1, 0
-        return {"global_step": self.global_step, "epoch": epoch, "step_in_epoch": position,
-                "model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
-
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        state = checkpoint.state
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if state["rng"]["cuda"]:
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.global_step, self.epoch, self.step_in_epoch = state["global_step"], state["epoch"], state["step_in_epoch"]
-        self.telemetry.emit({"event": "resume", "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                             "global_step": self.global_step, "checkpoint": checkpoint.uri})
-
-    @property
-    def durable(self) -> str | None:
-        return self.saver.durable if self.saver else None
 
     def _interrupted(self, verdict: Verdict) -> Outcome:
         if verdict.nonfinite:
@@ -177,113 +183,97 @@ class Trainer:
         if verdict.lease_lost:
             if self.lease:
                 sys.stderr.write(f"train: error: {self.lease.lost_message}\n")
-            return Outcome({"event": "lease_lost", "global_step": self.global_step, "checkpoint": self.durable},
-                           EXIT_CONFLICT)
+            return Outcome({"event": "lease_lost", "global_step": self.progress.global_step,
+                            "checkpoint": self.checkpoints.durable}, EXIT_CONFLICT)
         return self._stopped()
 
     def _stopped(self) -> Outcome:
         """SIGTERM: rank 0 saves this step within the grace budget; every rank asks to be retried."""
-        if self.saver:
-            budget = self.policy.budget
-            if not self.saver.wait(budget.remaining(self.stop)):
-                self.telemetry.emit({"event": "checkpoint_failed", "step": self.global_step,
-                                     "error": "the previous save was still running at the grace deadline"})
-            elif self._save() and not self.saver.wait(budget.remaining(self.stop)):
-                self.telemetry.emit({"event": "checkpoint_failed", "step": self.global_step,
-                                     "error": f"not written within the {budget.seconds:.1f}s grace budget"})
+        step = self.progress.global_step
+        if self._save(self.budget.remaining(self.stop)) and not self.checkpoints.wait(self.budget.remaining(self.stop)):
+            self.telemetry.emit({"event": "checkpoint_failed", "step": step,
+                                 "error": f"not written within the {self.budget.seconds:.1f}s grace budget"})
         waited = time.monotonic() - (self.stop.requested_at or time.monotonic())
-        return Outcome({"event": "stopped", "global_step": self.global_step, "checkpoint": self.durable,
+        return Outcome({"event": "stopped", "global_step": step, "checkpoint": self.checkpoints.durable,
                         "seconds_since_sigterm": round(waited, 3)}, EXIT_RETRYABLE)
 
     def _nonfinite(self) -> Outcome:
-        if self.saver:
-            self.saver.wait()
+        self.checkpoints.wait()
         if self.env.is_main:
-            sys.stderr.write(f"train: error: loss or weights not finite at step {self.global_step}; no checkpoint "
-                             f"of them is written; last durable checkpoint: {self.durable or 'none'}\n")
-        return Outcome({"event": "nonfinite", "global_step": self.global_step, "checkpoint": self.durable},
-                       EXIT_NONFINITE)
+            sys.stderr.write(f"train: error: loss or weights not finite at step {self.progress.global_step}; no "
+                             f"checkpoint of them is written; last durable checkpoint: "
+                             f"{self.checkpoints.durable or 'none'}\n")
+        return Outcome({"event": "nonfinite", "global_step": self.progress.global_step,
+                        "checkpoint": self.checkpoints.durable}, EXIT_NONFINITE)
 
     def _finish(self) -> Outcome:
-        done = {"event": "done", "epochs": self.epoch, "global_step": self.global_step,
-                "weights_sha256": weights_sha256(self.model.module), "checkpoint": None}
-        if not self.saver:
+        done = {"event": "done", "epochs": self.progress.epoch, "global_step": self.progress.global_step,
+                "weights_sha256": weights_sha256(self.module), "checkpoint": None}
+        if not self.checkpoints.saver:
             return Outcome(done)
-        self.saver.wait()
-        done["checkpoint"] = self.saver.durable
-        if self.saver.durable_step == self.global_step:
+        self.checkpoints.wait()
+        done["checkpoint"] = self.checkpoints.durable
+        if self.checkpoints.durable_step == self.progress.global_step:
             return Outcome(done)
-        sys.stderr.write(f"train: error: the final checkpoint (step {self.global_step}) is not durable; "
-                         f"last durable checkpoint: {self.saver.durable or 'none'}\n")
+        sys.stderr.write(f"train: error: the final checkpoint (step {self.progress.global_step}) is not durable; "
+                         f"last durable checkpoint: {self.checkpoints.durable or 'none'}\n")
         return Outcome(done, EXIT_RETRYABLE)
 
 
-def identity(args: TrainArgs, world_size: int) -> dict[str, Any]:
-    """What shapes a run: a checkpoint only resumes a run with the same values."""
+def identity(args: TrainArgs) -> dict[str, Any]:
+    """What shapes a run: a checkpoint only resumes a run with the same values. The world size is not part of
+    it: model and optimizer state do not depend on it, and the data position is kept in samples."""
     return {"model": args.model, "dataset_size": args.dataset_size, "seed": args.seed,
-            "batch_size": args.batch_size, "world_size": world_size, "lr": args.lr}
+            "batch_size": args.batch_size, "lr": args.lr, "dropout": args.dropout}
 
 
-def open_checked_storage(uri: str | None) -> Storage | None:
-    """The checkpoint storage, checked reachable before any process group starts."""
+def open_checked_storage(uri: str | None, rank: int = 0) -> Storage | None:
+    """The checkpoint storage, checked reachable before any process group starts; requests name the rank."""
     if uri is None:
         return None
-    storage = open_storage(uri)
+    storage = open_storage(uri, user_agent=f"gpuyard-rank/{rank}")
     storage.check()
     return storage
 
 
 def build_trainer(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, telemetry: Telemetry,
                   stop: StopRequest | None = None, lease: Lease | None = None) -> Trainer:
-    """Data, model and optimizer from the seed, handed to a Trainer (which resumes from ``storage``)."""
+    """Data, model, optimizer, this rank's RNG and the checkpoint manager, handed to a Trainer (which resumes)."""
     dist.pin_cpu_threads(env)
     loader = build_loader(synthetic_dataset(args.dataset_size, args.seed), args.batch_size,
                           env.rank, env.world_size, args.seed)
-    model = build_model(args.model, args.seed)
+    model = build_model(args.model, args.seed, args.dropout)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
-    budget = GraceBudget(args.grace_period)
+    rng = RankRNG(args.seed, env.rank, dist.device(env))
+    rng.reseed()
+    watch = GraceWatch(GraceBudget(args.grace_period), telemetry.emit)
     checkpointer = None
     if storage:
-        watch = GraceWatch(budget, telemetry.emit)
-        checkpointer = Checkpointer(storage, identity(args, env.world_size),
+        checkpointer = Checkpointer(storage, identity(args),
                                     emit=lambda event: (telemetry.emit(event), watch.observe(event)),
                                     guard=lease.confirm if lease else lambda: None)
-    trainer = Trainer(model, loader, optimizer, SavePolicy(args.save_every, args.save_every_steps, budget),
-                      checkpointer, telemetry, env, stop or StopRequest(), lease)
-    if trainer.saver:
-        _estimate_save(trainer, storage, watch)
-    return trainer
+    checkpoints = CheckpointManager(checkpointer, SaveSchedule(args.save_every, args.save_every_steps), env,
+                                    reseed=rng.reseed)
+    return Trainer(model, loader, optimizer, rng, checkpoints, watch, telemetry, env, stop or StopRequest(), lease)
 
 
-def _estimate_save(trainer: Trainer, storage: Storage, watch: GraceWatch) -> None:
-    """Say at start how long a save takes: from the last checkpoint's manifest, or by timing a probe."""
-    manifest = trainer.checkpointer.newest_manifest()
-    if manifest and "upload_seconds" in manifest:
-        watch.estimate(manifest["bytes"], manifest["upload_seconds"], "last checkpoint")
-        return
-    started = time.perf_counter()
-    payload = serialize(trainer.snapshot())
-    try:
-        storage.put(PROBE, payload)
-        storage.delete(PROBE)
-    except StorageError as error:
-        trainer.telemetry.emit({"event": "checkpoint_failed", "step": trainer.global_step, "error": str(error)})
-        return
-    watch.estimate(len(payload), time.perf_counter() - started, "probe")
-
-
-def _take_lease(lease: Lease | None, env: dist.DistEnv, device: torch.device) -> str | None:
-    """Rank 0 takes the writer lease; every rank learns whether it failed (and gets the one-line reason)."""
-    reason = None
+def _take_lease(lease: Lease | None, env: dist.DistEnv, device: torch.device) -> tuple[str, int] | None:
+    """Rank 0 takes the writer lease; every rank learns whether it failed: the one-line reason and the exit status
+    (2 when another run holds it, 143 when the storage could not be reached)."""
+    failure = None
     if lease:
         try:
             lease.acquire()
         except LeaseHeld as error:
-            reason = str(error)
-    failed = torch.tensor([int(reason is not None)], device=device)
+            failure = (str(error), EXIT_CONFLICT)
+        except StorageError as error:
+            failure = (f"could not take the checkpoint lease: {error}", EXIT_RETRYABLE)
+    code = torch.tensor([failure[1] if failure else 0], device=device)
     if env.world_size > 1:
-        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX)
-    return reason or ("rank 0 could not take the checkpoint lease" if failed.item() else None)
+        torch.distributed.all_reduce(code, op=torch.distributed.ReduceOp.MAX)
+    if not code.item():
+        return None
+    return failure or ("rank 0 could not take the checkpoint lease", int(code.item()))
 
 
 def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopRequest | None = None,
@@ -293,13 +283,15 @@ def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopR
     if env.is_main and args.metrics_port is not None:
         telemetry.metrics.serve(args.metrics_port)
     lease = Lease(storage, args.lease_seconds) if storage and env.is_main else None
-    held = _take_lease(lease, env, dist.device(env))
-    if held:
-        if env.is_main:
-            sys.stderr.write(f"train: error: {held}\n")
-        return Outcome({"event": "lease_held"}, EXIT_CONFLICT)
+    failure = _take_lease(lease, env, dist.device(env))
+    if failure:
+        return _failed(env, failure[0], {"event": "lease_held"}, failure[1])
     try:
         outcome = build_trainer(args, env, storage, telemetry, stop, lease).train(args.total_epochs)
+    except IdentityMismatch as error:
+        return _failed(env, str(error), {"event": "identity_mismatch"}, EXIT_CONFLICT)
+    except ResumeFailed as error:
+        return _failed(env, str(error), {"event": "resume_failed"}, EXIT_RETRYABLE)
     finally:
         if lease:
             lease.release()
@@ -307,20 +299,28 @@ def run(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, stop: StopR
     return outcome
 
 
-def check_inputs(argv: list[str], world_size: int | None = None) -> tuple[TrainArgs, dist.DistEnv, Storage | None]:
+def _failed(env: dist.DistEnv, message: str, event: Event, exit_code: int) -> Outcome:
+    if env.is_main:
+        sys.stderr.write(f"train: error: {message}\n")
+    return Outcome(event, exit_code)
+
+
+def check_inputs(argv: list[str], serves_metrics: bool = True) -> tuple[TrainArgs, dist.DistEnv, Storage | None]:
     """Arguments, launcher environment, storage and checkpoint identity; anything wrong is one line and exit 2.
 
-    ``world_size`` is the job's when this process is not one of its ranks (the Ray driver).
+    ``serves_metrics`` is False where this process is not one of the job's ranks (the Ray driver).
     """
     args = exit_on_bad_args(argv)
     try:
         env = dist.launcher_env()
-        storage = open_checked_storage(args.checkpoint_uri)
+        if serves_metrics and env.is_main and args.metrics_port is not None:
+            check_port(args.metrics_port)
+        storage = open_checked_storage(args.checkpoint_uri, env.rank)
         if storage:
-            Checkpointer(storage, identity(args, world_size or env.world_size)).newest_manifest()
-    except (dist.LaunchError, StorageError, IdentityMismatch) as error:
-        sys.stderr.write(f"train: error: {error}\n")
-        raise SystemExit(2) from None
+            Checkpointer(storage, identity(args)).newest_manifest()
+    except (dist.LaunchError, PortInUse, StorageError, IdentityMismatch) as error:
+        sys.stderr.write(f"train: error: {one_line(error)}\n")
+        raise SystemExit(EXIT_CONFLICT) from None
     return args, env, storage
 
 
@@ -333,8 +333,14 @@ def main(argv: list[str]) -> None:
         outcome = run(args, env, storage, stop)
         # also a barrier: under mpirun rank 0 hosts the store, so nobody may leave early
         exit_code = dist.agree_exit_code(outcome.exit_code, dist.device(env))
-    finally:
         dist.destroy_process_group()
+    except RuntimeError as error:
+        if not dist.lost_peer(error):
+            raise
+        # another rank or its node is gone: the process group is broken, a restart resumes from the checkpoint
+        first_line = str(error).strip().splitlines()[0]
+        sys.stderr.write(f"train: error: rank {env.rank} lost a peer ({first_line}): exit {EXIT_RETRYABLE}\n")
+        exit_code = EXIT_RETRYABLE
     # Everything is saved and reported by now. The interpreter's teardown of torch takes seconds on a busy node
     # (too long within a grace period) and now and then aborts in a C++ destructor after the process group is gone
     # ("terminate called without an active exception", exit 134), so the process leaves without it.
