@@ -18,6 +18,7 @@ from typing import Any, Iterable
 from infra import operators
 from sim.certs import Pki
 from sim.kube import Kubectl
+from sim.paths import claim
 from sim.processes import Supervisor, free_port
 from sim.upstream import documents, documents_in, module_dir
 from sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
@@ -53,6 +54,11 @@ def outside_folders(state: Path) -> list[Path]:
 
 
 def _record_outside(state: Path, folder: Path) -> None:
+    """Make ``folder`` for this cluster and record it for `down`; one that is there already is left out (not ours)."""
+    try:
+        claim(folder, state)
+    except FileExistsError:
+        return
     (state / OUTSIDE).write_text(json.dumps(sorted({*map(str, outside_folders(state)), str(folder)})))
 
 

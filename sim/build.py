@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from sim.paths import bin_dir
-from sim.versions import Component, components
+from sim.versions import Component, components, tools
 
 BUILD_RECORD = "build.json"
 
@@ -82,7 +82,8 @@ def build_component(component: Component, say: Callable[[str], None]) -> Path:
     for name, package in component.binaries.items():
         say(f"building {component.name} {component.version}: {name}")
         began = time.monotonic()
-        command = ["go", "build", "-trimpath", "-ldflags", " ".join(("-s", "-w", *component.ldflags)),
+        tags = ["-tags", ",".join(component.tags)] if component.tags else []
+        command = ["go", "build", "-trimpath", *tags, "-ldflags", " ".join(("-s", "-w", *component.ldflags)),
                    "-o", str(staging / name), package]
         result = subprocess.run(command, cwd=component.module_dir, env=env, capture_output=True, text=True)
         if result.returncode != 0:
@@ -111,5 +112,8 @@ def build_all(kubernetes_minor: str, say: Callable[[str], None] = print, only: t
 if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what CI runs before the tests
     from infra.config import load_stack
 
-    build_all(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version,
-              only=tuple(sys.argv[2:]))
+    only = tuple(sys.argv[2:])
+    build_all(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version, only=only)
+    for tool in tools():
+        if not only or tool.name in only:
+            build_component(tool, print)

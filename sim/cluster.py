@@ -3,6 +3,7 @@ state folder, ``status`` reports what runs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -12,15 +13,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from sim import addons, karpenter, kwok, nodes, stack
+from sim import addons, karpenter, kwok, nodes, registry, stack
 from sim.build import build_all
 from sim.controlplane import ControlPlane
-from sim.kube import Kubectl
-from sim.paths import bin_dir, state_dir
+from sim.kube import Kubectl, KubectlError
+from sim.paths import bin_dir, claim, claimed_by, state_dir
 from sim.processes import Supervisor
 from sim.versions import kubernetes_tag
 
 READY = "ready"  # written into the state folder once everything started
+
+
+class NotOurs(RuntimeError):
+    """A state folder that `gpuyard sim up` did not make: left alone."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Sim:
     folder: Path | None = None
     karpenter: bool = False
     consolidate_after: str | None = None
+    registry_host: str = "127.0.0.1"  # where the image registry listens (sim/registry.py)
 
     @property
     def state(self) -> Path:
@@ -62,12 +68,14 @@ class Sim:
 
     def up(self, say: Callable[[str], None] = print) -> Path:
         """Build what is missing, start the cluster unless it runs; returns the kubeconfig."""
+        self._refuse_foreign()
         config = load_stack(self.stack)
         bins = build_all(config.cluster.kubernetes_version, say)
         if self.running() and self.karpenter == ("karpenter" in self.supervisor.pids()):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
         self.down()
+        claim(self.state, self.state)
         started = time.monotonic()
         with _stopped_on_signal(self):
             self._start(config, bins, say)
@@ -84,6 +92,8 @@ class Sim:
         control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,),
                       (addons.TRAINING_OPERATOR_CA,))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
+        say(f"starting the image registry on {self.registry_host}")
+        registry.start(self.supervisor, bins["registry"] / registry.NAME, self.registry_host)
         resources = plan(self.stack).resources
         pools = nodes.pools(resources, karpenter=self.karpenter)
         zones = [f"{config.region}{letter}" for letter in "abcdef"[: config.network.az_count]]
@@ -100,26 +110,67 @@ class Sim:
         say(f"applying the stack's Kubernetes layer ({len(objects)} objects)")
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces)
         kubectl.apply(o for o in objects if stack.simulated(o))
+        if config.teams and any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in objects):
+            say("waiting for the API server to enforce the admission policies")
+            _wait_for_admission_policies(kubectl, config.teams[0].namespace)
         if self.karpenter:
             say("starting Karpenter with its kwok provider")
             karpenter.start_karpenter(context, resources, config.region, zones, self.consolidate_after)
 
     def down(self) -> None:
-        """Stop every server and remove the state folder (and the folders upstream hard-codes outside it)."""
-        if self.state.is_dir():
-            self.supervisor.stop_all()
-            for path in addons.outside_folders(self.state):
+        """Stop every server and remove the state folder (and the folders upstream hard-codes outside it): only
+        folders `up` made (sim.paths.claim); NotOurs for a state folder it did not make."""
+        if not (self.state.exists() or self.state.is_symlink()):
+            return
+        self._refuse_foreign()
+        self.supervisor.stop_all()
+        for path in addons.outside_folders(self.state):
+            if claimed_by(path, self.state):
                 shutil.rmtree(path, ignore_errors=True)
-            shutil.rmtree(self.state)
+        shutil.rmtree(self.state)
+
+    def _refuse_foreign(self) -> None:
+        """NotOurs if the state folder is there but `up` did not make it (a name pointing elsewhere, a copy)."""
+        if (self.state.exists() or self.state.is_symlink()) and not claimed_by(self.state, self.state):
+            raise NotOurs(f"{self.state} was not made by `gpuyard sim up --stack {self.stack}`: left alone")
+
+    def registry(self) -> registry.Registry | None:
+        """The image registry this cluster started (None before it did)."""
+        return registry.recorded(self.state)
 
     def status(self) -> dict[str, Any]:
         recorded = self.supervisor.pids()
         alive = self.supervisor.running()
+        images = self.registry()
         return {
             "stack": self.stack, "running": self.running(), "state": str(self.state),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.is_file() else None,
+            "registry": images.prefix(load_stack(self.stack)) if images else None,
             "processes": {name: {"pid": pid, "alive": name in alive} for name, pid in recorded.items()},
         }
+
+
+POLICIES_TIMEOUT = 120.0
+
+
+def _wait_for_admission_policies(kubectl: Kubectl, namespace: str) -> None:
+    """Until the API server's policies refuse a LoadBalancer Service in a team namespace (a dry run): it compiles policies and
+    bindings from its informers after they are created, so for a moment a new cluster admits what they refuse.
+    Every policy was created before the first refusal, and the API server compiles them together."""
+    probe = json.dumps({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gpuyard-policy-probe",
+                        "namespace": namespace}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}})
+    deadline = time.monotonic() + POLICIES_TIMEOUT
+    while True:
+        try:
+            kubectl.run("create", "--dry-run=server", "-f", "-", stdin=probe)
+        except KubectlError as error:
+            if "ValidatingAdmissionPolicy" in str(error):
+                return
+            if "exceeded quota" not in str(error):  # the team's quota (no load balancers) runs after the policies
+                raise
+        if time.monotonic() > deadline:
+            raise KubectlError(f"the admission policies were not enforced after {POLICIES_TIMEOUT:.0f}s")
+        time.sleep(0.5)
 
 
 @contextmanager

@@ -22,10 +22,15 @@ KWOK_MODULE = "sigs.k8s.io/kwok"
 STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-ready.yaml",
           "pod/fast/pod-delete.yaml")
 TRAINING_RUNS_MILLISECONDS = 10000
+# A pod annotated with a Go duration ("90s", "1.5h") runs that long instead (`gpuyard sim replay`): kwok v0.8.0 reads
+# a stage delay's durationFrom (jq) and parses a string with time.ParseDuration, or falls back to durationMilliseconds
+# when the annotation is absent (pkg/utils/lifecycle/value_duration_from.go)
+ANNOTATION_RUNS_FOR = "gpuyard.io/sim-runs-for"
 
 
 def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
-    """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``), after a delay."""
+    """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``), after a delay:
+    TRAINING_RUNS_MILLISECONDS, or the pod's ANNOTATION_RUNS_FOR."""
     stage = copy.deepcopy(pod_complete)
     stage["metadata"]["name"] = "gpuyard-training-complete"
     expressions = [e for e in stage["spec"]["selector"]["matchExpressions"] if "ownerReferences" not in e["key"]]
@@ -34,7 +39,8 @@ def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     # RayNodeTypeLabelKey)
     expressions.append({"key": '.metadata.labels["ray.io/node-type"]', "operator": "DoesNotExist"})
     stage["spec"]["selector"]["matchExpressions"] = expressions
-    stage["spec"]["delay"] = {"durationMilliseconds": TRAINING_RUNS_MILLISECONDS}
+    stage["spec"]["delay"] = {"durationMilliseconds": TRAINING_RUNS_MILLISECONDS,
+                              "durationFrom": {"jq": {"expression": f'.metadata.annotations["{ANNOTATION_RUNS_FOR}"]'}}}
     return stage
 
 

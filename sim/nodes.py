@@ -35,14 +35,16 @@ class Shape:
 SHAPES: dict[str, Shape] = {
     "m6i.large": Shape(2, 8, max_pods=29, price=0.096),
     "m6i.xlarge": Shape(4, 16, max_pods=58, price=0.192),
+    "m6i.2xlarge": Shape(8, 32, max_pods=58, price=0.384),  # prod's system group
+    "t3.large": Shape(2, 8, max_pods=35, price=0.0832),  # ephemeral's system group
     "c7i.2xlarge": Shape(8, 16, max_pods=58, price=0.357),
     "m7i.2xlarge": Shape(8, 32, max_pods=58, price=0.4032),
     "r7i.2xlarge": Shape(8, 64, max_pods=58, price=0.5292),
     "g5.xlarge": Shape(4, 16, 1, "NVIDIA-A10G", max_pods=58, price=1.006),
     "g6.xlarge": Shape(4, 16, 1, "NVIDIA-L4", max_pods=58, price=0.8048),
-    "g6e.xlarge": Shape(4, 32, 1, "NVIDIA-L40S", max_pods=58),
-    "p4d.24xlarge": Shape(96, 1152, 8, "NVIDIA-A100-SXM4-40GB", efa=4, max_pods=250),
-    "p5.48xlarge": Shape(192, 2048, 8, "NVIDIA-H100-80GB-HBM3", efa=32, max_pods=250),
+    "g6e.xlarge": Shape(4, 32, 1, "NVIDIA-L40S", max_pods=58, price=1.861),
+    "p4d.24xlarge": Shape(96, 1152, 8, "NVIDIA-A100-SXM4-40GB", efa=4, max_pods=250, price=21.957642),
+    "p5.48xlarge": Shape(192, 2048, 8, "NVIDIA-H100-80GB-HBM3", efa=32, max_pods=250, price=55.04),
     # The other sizes of the dev stack's NodePool families, which Karpenter chooses from (static nodes keep the
     # first size of each family above). g5 and g6 have the same layout; one EFA interface from 8xlarge up.
     **{f"{family}.{size}": Shape(cpu, 4 * cpu, gpus, model, efa=int(cpu >= 32), max_pods=pods, price=price)

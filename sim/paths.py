@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from infra.stack_file import check_stack_name
+
 CACHE_ENV = "GPUYARD_CACHE"
+# Written by `gpuyard sim up` into every folder it makes for a cluster (its state folder, the folders upstream
+# hard-codes elsewhere), naming the state folder; `down` removes a folder only when it holds this file.
+OWNER_FILE = ".gpuyard-sim"
 
 
 def cache_root() -> Path:
@@ -17,5 +22,27 @@ def bin_dir(component: str, version: str) -> Path:
     return cache_root() / "bin" / f"{component}-{version}"
 
 
+def state_root() -> Path:
+    return cache_root() / "state"
+
+
 def state_dir(stack: str) -> Path:
-    return cache_root() / "state" / stack
+    """The state folder of ``stack``'s simulated cluster; a StackFileError unless ``stack`` is a stack name, so
+    no name (``..``, ``/x``, ``''``) can point it anywhere else."""
+    return state_root() / check_stack_name(stack)
+
+
+def claim(folder: Path, state: Path) -> None:
+    """Make ``folder`` (FileExistsError if it is there: then it is not ours) and mark it as ``state``'s."""
+    folder.mkdir(parents=True)
+    (folder / OWNER_FILE).write_text(f"{state}\n")
+
+
+def claimed_by(folder: Path, state: Path) -> bool:
+    """Whether ``folder`` is a real folder ``claim`` made for ``state``."""
+    marker = folder / OWNER_FILE
+    try:
+        return (not folder.is_symlink() and folder.is_dir() and not marker.is_symlink()
+                and marker.read_text() == f"{state}\n")
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -35,7 +35,7 @@ def quantity(value: Any) -> float:
     return float(text)
 
 
-def _requests(pod_spec: dict[str, Any]) -> dict[str, float]:
+def pod_requests(pod_spec: dict[str, Any]) -> dict[str, float]:
     total: dict[str, float] = {}
     for container in pod_spec.get("containers", []):
         for name, value in (container.get("resources", {}).get("requests") or {}).items():
@@ -71,7 +71,7 @@ def pod_sets(manifest: dict[str, Any]) -> Iterator[tuple[int, dict[str, float], 
             template = node.get("template")
             if isinstance(template, dict) and "containers" in template.get("spec", {}):
                 pod = template["spec"]
-                yield node.get("replicas", 1), _requests(pod), pod.get("nodeSelector", {})
+                yield node.get("replicas", 1), pod_requests(pod), pod.get("nodeSelector", {})
             else:
                 stack.extend(node.values())
 

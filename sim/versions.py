@@ -37,6 +37,7 @@ class Component:
     binaries: dict[str, str]  # binary name -> main package
     ldflags: tuple[str, ...] = ()
     patches: tuple[Patch, ...] = ()
+    tags: tuple[str, ...] = ()  # Go build tags
 
     @property
     def module_dir(self) -> Path:
@@ -92,4 +93,26 @@ def components(kubernetes_minor: str) -> tuple[Component, ...]:
         Component("karpenter", "v1.14.1", {"karpenter": "sigs.k8s.io/karpenter/kwok"}, patches=(
             Patch("sigs.k8s.io/karpenter", "pkg/operator/operator.go", 'fmt.Sprintf(":%d"', 'fmt.Sprintf("127.0.0.1:%d"'),
         )),
+        *IMAGE_COMPONENTS,
     )
+
+
+# What builds, stores and runs the job images (sim/images.py, sim/registry.py). runc with seccomp (libseccomp-dev):
+# Debian's runc 1.1.5 fails on this machine ("can't get final child's PID from pipe").
+IMAGE_COMPONENTS = (
+    Component("runc", "v1.5.3", {"runc": "github.com/opencontainers/runc"}, tags=("seccomp",)),
+    Component("buildkit", "v0.34.2", {name: f"github.com/moby/buildkit/cmd/{name}" for name in ("buildkitd", "buildctl")}),
+    Component("registry", "v3.1.2", {"registry": "github.com/distribution/distribution/v3/cmd/registry"}),
+)
+
+
+# Built for the tests, not run by `gpuyard sim`: promtool (`promtool test rules`, tests/test_showback_rules.py) from
+# the Prometheus module, which tags Prometheus v3.16.0 as v0.316.0. `remove_all_sd` leaves out every service discovery
+# plugin but file and http (plugins/*.go build constraints): promtool's rule tests need none.
+PROMETHEUS = Component("prometheus", "v0.316.0", {"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+                       tags=("remove_all_sd",))
+
+
+def tools() -> tuple[Component, ...]:
+    """What CI builds besides the simulated cluster (``python -m sim.build``)."""
+    return (PROMETHEUS,)

@@ -1,0 +1,157 @@
+"""`gpuyard sim replay`: a trace of gangs through the simulated cluster with Karpenter, time compressed.
+
+Each gang is rendered as gpuyard renders it (``jobs.render``), placed (``jobs.placement``: a gang the stack can never
+run is explained, not applied) and applied at its arrival divided by ``speed``; its pods carry their run time
+(duration / ``speed``) in the annotation kwok completes them by (sim/kwok.py). The stack's NodePools consolidate
+after their ``consolidateAfter`` / ``speed``. What happens is read from kubectl watches of pods, nodes and Volcano's
+eviction events (sim/watch.py) and summed up per team (sim/replay_report.py): waits, reclaim evictions, GPU-hours
+held and held idle, and cost, each node priced by its instance type's offering (sim/nodes.py SHAPES, what the
+simulated Karpenter prices it at). Times in the report are the cluster's (wall x speed).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from infra.config import StackConfig
+from infra.karpenter import gpu_disruption
+from jobs.duration import parse_duration
+from jobs.placement import place, stack_pools
+from jobs.render import render
+from jobs.spec import SpecError, build_spec
+from sim import preflight
+from sim.kube import Kubectl, KubectlError
+from sim.kwok import ANNOTATION_RUNS_FOR
+from sim.replay_report import ReplayJob, gang_whole, summarize
+from sim.trace import Gang
+from sim.watch import Seen, Watch, on_event, on_node, on_pod
+
+POLL_SECONDS = 0.2
+PLACEHOLDER_REGISTRY = "placeholder.invalid"  # nothing is pulled in the simulated cluster
+
+
+def _annotated(manifest: dict[str, Any], runs_for: str) -> dict[str, Any]:
+    """``manifest`` with every pod template annotated to run ``runs_for`` under kwok."""
+    def visit(tree: Any) -> None:
+        if isinstance(tree, dict):
+            template = tree.get("template")
+            if isinstance(template, dict) and "containers" in template.get("spec", {}):
+                template.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_RUNS_FOR] = runs_for
+            for value in tree.values():
+                visit(value)
+        elif isinstance(tree, list):
+            for value in tree:
+                visit(value)
+
+    visit(manifest["spec"])
+    return manifest
+
+
+def prepare(config: StackConfig, gangs: list[Gang], speed: float, nodepools: dict[str, dict]) -> list[ReplayJob]:
+    """Every gang rendered and annotated, or refused with the reason the stack (or its NodePools) gives."""
+    if not config.image_registry:
+        config = config.model_copy(update={"image_registry": f"{PLACEHOLDER_REGISTRY}/{config.cluster_name}"})
+    pools = stack_pools(config)
+    jobs = []
+    for index, gang in enumerate(gangs):
+        job = ReplayJob(f"{gang.team}-{index:04d}", gang)
+        jobs.append(job)
+        try:
+            spec = place(config, build_spec(
+                config, config.team(gang.team), gang.kind, name=job.name, nodes=gang.nodes,
+                gpus_per_node=gang.gpus_per_node, capacity_type=gang.capacity_type, node_pool=gang.node_pool,
+                efa_devices=gang.efa), pools)
+            manifest = _annotated(render(spec, config.team(gang.team)), f"{gang.duration_s / speed:.3f}s")
+            preflight.check([manifest], nodepools)
+        except (SpecError, preflight.WontFit) as error:
+            job.refused = str(error)
+            continue
+        job.manifest = manifest
+        job.pods = sum(count for count, _, _ in preflight.pod_sets(manifest))
+    return jobs
+
+
+def consolidation(speed: float) -> str:
+    """The GPU NodePools' consolidateAfter, compressed like the trace (at least a second)."""
+    stack_value = parse_duration(gpu_disruption()["consolidateAfter"]).total_seconds()
+    return f"{max(stack_value / speed, 1):.0f}s"
+
+
+def _finished(seen: Seen, job: ReplayJob) -> bool:
+    with seen.lock:
+        return bool(seen.succeeded.get(job.name)) and not seen.live.get(job.name)
+
+
+def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable[[str], None],
+        max_wall_s: float | None = None) -> dict[str, Any]:
+    """Replay ``gangs`` on the running simulated cluster ``sim`` (with Karpenter); returns ``summarize``'s report."""
+    kubectl = sim.kubectl()
+    jobs = prepare(config, gangs, speed, preflight.live_nodepools(kubectl))
+    pending = sorted((j for j in jobs if j.manifest), key=lambda j: j.gang.arrival_s)
+    say(f"replay {config.stack}: {len(pending)} gangs to apply, {len(jobs) - len(pending)} refused; "
+        f"speed {speed:g}x")
+    span = max((g.arrival_s + g.duration_s for g in gangs), default=0) / speed
+    deadline = max_wall_s if max_wall_s is not None else 3 * span + 300
+    seen, t0 = Seen(), time.monotonic()
+    watches = [Watch(kubectl, "pods", lambda t, k, o: on_pod(seen, t, k, o), t0),
+               Watch(kubectl, "nodes", lambda t, k, o: on_node(seen, t, k, o), t0),
+               Watch(kubectl, "events", lambda t, k, o: on_event(seen, t, k, o), t0, "--field-selector=reason=Evict")]
+    for watch in watches:
+        watch.start()
+    try:
+        applied: list[ReplayJob] = []
+        while True:
+            now = time.monotonic() - t0
+            due = [j for j in pending if j.gang.arrival_s / speed <= now]
+            if due:
+                for job in due:
+                    pending.remove(job)
+                applied += _apply(kubectl, due, now)
+            open_jobs = [j for j in applied if not _finished(seen, j)]
+            if not pending and not open_jobs or now > deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        end = time.monotonic() - t0
+        _explain_waiting(kubectl, open_jobs, seen, end)
+    finally:
+        for watch in watches:
+            watch.stop()
+    say(f"replay {config.stack}: done in {end:.0f}s, {len(open_jobs)} gangs unfinished")
+    return summarize(config, jobs, seen, end, speed)
+
+
+def _apply(kubectl: Kubectl, jobs: list[ReplayJob], now: float) -> list[ReplayJob]:
+    """Apply ``jobs`` in one call, or one by one when the API server refuses one (a quota, a webhook), which is then
+    explained by the refusal; returns the jobs applied."""
+    try:
+        kubectl.apply(job.manifest for job in jobs)
+    except KubectlError:
+        for job in jobs:
+            try:
+                kubectl.apply([job.manifest])
+            except KubectlError as error:
+                job.refused = f"admission denied: {error}"
+    for job in jobs:
+        job.applied_at = None if job.refused else now
+    return [job for job in jobs if not job.refused]
+
+
+def _explain_waiting(kubectl: Kubectl, jobs: list[ReplayJob], seen: Seen, end: float) -> None:
+    """Why each gang that never ran whole is waiting: what Volcano, the scheduler, Karpenter and the operator said
+    (sim.submit.check)."""
+    from sim.submit import SubmitFailed, Watch as Followed, check
+
+    for job in jobs:
+        with seen.lock:
+            holdings = [h for h in seen.pods.values() if h.job == job.name]
+        if gang_whole(holdings, job.pods, end)[0] is not None:
+            job.reason = "still running when the replay ended"
+            continue
+        followed = Followed(job.manifest["kind"], job.name, job.manifest["metadata"]["namespace"])
+        try:
+            check(kubectl, followed, lambda _line: None)
+        except SubmitFailed as error:
+            job.reason = str(error)
+            continue
+        job.reason = followed.reason
