@@ -7,8 +7,8 @@
 2. One synchronous save (Checkpointer: data, manifest, prune) of 2 MB, 64 MB and 1 GB states against a
    plain boto3 PUT of the same bytes (``put_object``, or ``upload_fileobj`` above the multipart threshold)
    to the same endpoint, in MB/s; 1 GB only if the machine has the memory for it.
-3. samples/s of the bare DDP loop against the same loop plus the stop agreement (one all-reduce of three
-   int32 flags every step, and every AGREE_EVERY_STEPS steps as the trainer does) and against our Trainer,
+3. samples/s of the bare DDP loop against the same loop plus the stop agreement (one all-reduce of four
+   float64 values every step, and about every AGREE_SECONDS as the trainer does) and against our Trainer,
    under torchrun with 2 workers.
 """
 
@@ -37,7 +37,7 @@ from jobs.workload import dist
 from jobs.workload.args import TRAIN_MODULE, TrainArgs
 from jobs.workload.checkpoint import Checkpointer, serialize
 from jobs.workload.data import build_model, synthetic_dataset
-from jobs.workload.interrupt import AGREE_EVERY_STEPS, StepAgreement, StopRequest
+from jobs.workload.interrupt import AGREE_SECONDS, StepAgreement, StopRequest
 from jobs.workload.metrics import TrainMetrics
 from jobs.workload.progress import Reporter
 from jobs.workload.storage import MULTIPART_THRESHOLD, S3Storage
@@ -53,7 +53,7 @@ SIZES = {"2MB": 2 * 2**20, "64MB": 64 * 2**20, "1GB": 2**30}
 
 def sigterm_to_exit(aws: LocalAWS, runs: int = SIGTERMS) -> dict:
     """torchrun is PID 1's stand-in: SIGTERM it after the first checkpoint and time its exit."""
-    seconds, saves = [], []
+    seconds, saves, stops = [], [], []
     rng = random.Random(0)
     for number in range(runs):
         args = INTERRUPTED.model_copy(update={"checkpoint_uri": f"s3://{BUCKET}/sigterm-{number}"})
@@ -71,8 +71,10 @@ def sigterm_to_exit(aws: LocalAWS, runs: int = SIGTERMS) -> dict:
             out.seek(0)
             stopped = [json.loads(line) for line in out if line.startswith('{"event": "stopped"')]
             saves += [event["checkpoint"] is not None for event in stopped]
+            stops += [event["seconds_since_sigterm"] for event in stopped]
     return {"runs": runs, "grace_period_s": GRACE, "median_s": round(statistics.median(seconds), 3),
-            "max_s": round(max(seconds), 3), "stopped_with_a_durable_checkpoint": sum(saves)}
+            "max_s": round(max(seconds), 3), "stopped_with_a_durable_checkpoint": sum(saves),
+            "agreed_and_saved_after_s": {"median": round(statistics.median(stops), 3), "max": round(max(stops), 3)}}
 
 
 def _wait_for_checkpoint(out, job: subprocess.Popen) -> None:
@@ -121,14 +123,17 @@ def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-def loop_seconds(args: TrainArgs, env: dist.DistEnv, agree_every: int | None) -> float:
-    """The bare DDP loop of every tutorial, with or without the stop agreement every ``agree_every`` steps."""
+def loop_seconds(args: TrainArgs, env: dist.DistEnv, agree_seconds: float | None) -> float:
+    """The bare DDP loop of every tutorial, with or without the stop agreement about every ``agree_seconds``
+    (0: every step)."""
     dataset = synthetic_dataset(args.dataset_size, args.seed)
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = DDP(build_model(args.model, args.seed))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    agree = StepAgreement(StopRequest(), env.world_size, torch.device("cpu"), agree_every) if agree_every else None
+    agree = None
+    if agree_seconds is not None:
+        agree = StepAgreement(StopRequest(), env.world_size, torch.device("cpu"), agree_seconds)
     torch.distributed.barrier()
     started = time.perf_counter()
     for epoch in range(args.total_epochs):
@@ -153,10 +158,9 @@ def trainer_seconds(args: TrainArgs, env: dist.DistEnv) -> float:
     return time.perf_counter() - started
 
 
-MODES = {"bare": lambda env: loop_seconds(LOOP, env, agree_every=None),
-         "agreement_every_step": lambda env: loop_seconds(LOOP, env, agree_every=1),
-         f"agreement_every_{AGREE_EVERY_STEPS}_steps":
-             lambda env: loop_seconds(LOOP, env, agree_every=AGREE_EVERY_STEPS),
+MODES = {"bare": lambda env: loop_seconds(LOOP, env, agree_seconds=None),
+         "agreement_every_step": lambda env: loop_seconds(LOOP, env, agree_seconds=0.0),
+         f"agreement_every_{AGREE_SECONDS:g}_s": lambda env: loop_seconds(LOOP, env, agree_seconds=AGREE_SECONDS),
          "trainer": lambda env: trainer_seconds(LOOP, env)}
 
 

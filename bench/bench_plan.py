@@ -44,7 +44,7 @@ def time_plan(stack: str, directory: Path) -> tuple[int, float, float]:
     command = [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan", "--stack", stack, "--json"]
     cpu, start = _children_cpu(), time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    return len(json.loads(result.stdout)), time.perf_counter() - start, _children_cpu() - cpu
+    return len(json.loads(result.stdout)["resources"]), time.perf_counter() - start, _children_cpu() - cpu
 
 
 def main() -> None:
