@@ -32,10 +32,10 @@ NVIDIA_DEVICE_PLUGIN_DEFAULTS = {
 # values the exporter would run on every node and never on a tainted GPU node.
 DCGM_EXPORTER_DEFAULTS = {"nodeSelector": {}, "affinity": {}, "tolerations": []}
 
-# aws/eks-charts, stable/aws-efa-k8s-device-plugin (v0.5.8), templates/daemonset.yaml: tolerations are
-# CriticalAddonsOnly plus values' tolerations; the affinity requires ``node.kubernetes.io/instance-type`` in
-# values.yaml's supportedInstanceLabels (the EC2 EFA-capable types; read at the chart commit 050f81ee, the GPU
-# entries below); values' nodeSelector adds to it.
+# aws/eks-charts, stable/aws-efa-k8s-device-plugin chart v0.5.8 (repository tag v0.0.194, commit 8b25c60),
+# templates/daemonset.yaml: tolerations are CriticalAddonsOnly plus values' tolerations; the affinity requires
+# ``node.kubernetes.io/instance-type`` in values.yaml's supportedInstanceLabels (the EC2 EFA-capable types, the GPU
+# entries below) and ``eks.amazonaws.com/compute-type`` not ``auto``; values' nodeSelector adds to it.
 EFA_SUPPORTED_GPU_INSTANCE_TYPES = (
     "g4dn.8xlarge", "g4dn.12xlarge", "g4dn.16xlarge", "g4dn.metal",
     "g5.8xlarge", "g5.12xlarge", "g5.16xlarge", "g5.24xlarge", "g5.48xlarge",
@@ -47,7 +47,8 @@ EFA_DEVICE_PLUGIN_DEFAULTS = {
     "nodeSelector": {},
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [
-            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(EFA_SUPPORTED_GPU_INSTANCE_TYPES)}
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(EFA_SUPPORTED_GPU_INSTANCE_TYPES)},
+            {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["auto"]},
         ]},
     ]}}},
     "tolerations": [],

@@ -31,8 +31,11 @@ class Dockerfile:
         return dict(arg.split("=", 1) for arg in self.all("ARG") if "=" in arg)
 
     def expand(self, text: str) -> str:
+        """``text`` with every ARG default substituted, defaults that name other ARGs included."""
         defaults = self.arg_defaults()
-        return _VARIABLE.sub(lambda m: defaults[m[1] or m[2]], text)
+        while _VARIABLE.search(text):
+            text = _VARIABLE.sub(lambda m: defaults[m[1] or m[2]], text)
+        return text
 
     def env(self) -> dict[str, str]:
         pairs = [pair for rest in self.all("ENV") for pair in shlex.split(rest)]

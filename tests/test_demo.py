@@ -46,7 +46,7 @@ def test_demo_rejects_an_unknown_stack_in_one_line_before_training():
     result = subprocess.run([sys.executable, "-c", "from jobs.cli.main import main; main()", "demo", "--stack", "nope"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': 'nope'")
+    assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': unknown stack 'nope'")
     assert result.stderr.count("\n") == 1
     assert "torchrun" not in result.stdout
 

@@ -2,11 +2,14 @@
 
 Seeds, for an ephemeral cluster, what Karpenter (instances, launch templates, instance profiles),
 the VPC CNI (ENIs), the AWS Load Balancer Controller and the in-tree Service controller (classic and
-network load balancers) leave behind, each with the tags those controllers really use, plus look-alikes
-that must survive: the same kinds for another cluster, untagged ones, and ones tagged for the cluster but
-owned by the stack or EKS, not Karpenter-launched, attached or shared. Faults go through a real HTTP proxy
-in front of moto that throttles or goes down mid-way. A cluster that still exists, or is no ephemeral
-environment's, is refused unless ``--force``.
+network load balancers, the ``k8s-elb-*`` group EKS's cluster security group is opened to; the load balancer
+controller's own security groups, tagged ``elbv2.k8s.aws/cluster`` only) leave behind, each with the tags those
+controllers really use, plus look-alikes that must survive: the same kinds for another cluster, untagged ones,
+and ones tagged for the cluster but owned by the stack or EKS, not Karpenter-launched, attached or shared
+(``kubernetes.io/cluster/<c>=shared``). Faults go through a real HTTP proxy in front of moto that throttles,
+goes down mid-way, or refuses to delete a security group another group still references, as EC2 does
+(moto deletes it anyway). A cluster that still exists, or is no ephemeral environment's, is refused unless
+``--force``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +68,7 @@ class Seeder:
                         for i, az in enumerate("ab", start=1)]
         self.world = World()
         self.count = 0
+        self.groups: dict[str, tuple[str, str]] = {}  # cluster -> (EKS's cluster group, the k8s-elb group it opens to)
 
     def _name(self, prefix: str) -> str:
         self.count += 1
@@ -92,10 +97,29 @@ class Seeder:
                                                TargetType="ip", **_elb_tags(tags))["TargetGroups"][0]
         return self._record(doomed, "target-group", group["TargetGroupArn"])
 
-    def security_group(self, tags: dict[str, str], doomed: bool) -> str:
-        group = self.ec2.create_security_group(GroupName=self._name("sg"), Description="test", VpcId=self.vpc,
+    def security_group(self, tags: dict[str, str], doomed: bool, name: str = "sg") -> str:
+        group = self.ec2.create_security_group(GroupName=self._name(name), Description="test", VpcId=self.vpc,
                                                TagSpecifications=_tag_spec("security-group", tags))["GroupId"]
         return self._record(doomed, "security-group", group)
+
+    def open_to(self, group: str, source: str) -> None:
+        """An ingress rule of ``group`` from ``source``, as the in-tree Service controller adds to the node group
+        (kubernetes/cloud-provider-aws v1.36.1 pkg/providers/v1/aws.go updateInstanceSecurityGroupsForLoadBalancer)."""
+        self.ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 30000, "ToPort": 32767, "UserIdGroupPairs": [{"GroupId": source}]}])
+
+    def cluster_security_group(self, cluster: str) -> str:
+        """EKS's cluster security group (kept: EKS deletes it with the cluster), HTTPS from the VPC."""
+        group = self.security_group({f"kubernetes.io/cluster/{cluster}": "owned", "aws:eks:cluster-name": cluster},
+                                    doomed=False, name=f"eks-cluster-sg-{cluster}")
+        self.ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "IpRanges": [{"CidrIp": "10.0.0.0/16"}]}])
+        return group
+
+    def references(self, group: str) -> set[str]:
+        """The groups ``group``'s ingress rules reference."""
+        (found,) = self.ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"]
+        return {pair["GroupId"] for rule in found["IpPermissions"] for pair in rule.get("UserIdGroupPairs", [])}
 
     def network_interface(self, tags: dict[str, str], doomed: bool, attach: bool = False) -> str:
         eni = self.ec2.create_network_interface(SubnetId=self.subnets[0], TagSpecifications=_tag_spec(
@@ -148,6 +172,18 @@ class Seeder:
         self.classic_load_balancer(in_tree, doomed)
         self.load_balancer(in_tree, doomed, "network")
         self.security_group({f"kubernetes.io/cluster/{cluster}": "owned", "elbv2.k8s.aws/cluster": cluster}, doomed)
+        # the load balancer controller's groups carry its tag only (aws-load-balancer-controller v3.5.0,
+        # pkg/networking/backend_sg_provider.go; pkg/deploy/tracking/provider.go)
+        self.security_group({"elbv2.k8s.aws/cluster": cluster, "elbv2.k8s.aws/resource": "backend-sg"}, doomed,
+                            name="k8s-traffic")
+        self.security_group({"elbv2.k8s.aws/cluster": cluster, "elbv2.k8s.aws/resource": "ManagedLBSecurityGroup",
+                             "ingress.k8s.aws/stack": "team-vision/train"}, doomed, name="k8s-team-visi")
+        # an in-tree Service's group, which EKS's cluster security group is opened to
+        elb_group = self.security_group({**owned, "kubernetes.io/service-name": "team-vision/tensorboard"}, doomed,
+                                        name="k8s-elb-a1b2c3")
+        eks_group = self.cluster_security_group(cluster)
+        self.open_to(eks_group, elb_group)
+        self.groups[cluster] = (eks_group, elb_group)
         self.network_interface(owned, doomed)
         self.network_interface({"cluster.k8s.amazonaws.com/name": cluster, "node.k8s.amazonaws.com/instance_id":
                                 "i-0123456789abcdef0"}, doomed)
@@ -163,8 +199,14 @@ class Seeder:
         self.load_balancer({"elbv2.k8s.aws/cluster": cluster, TAG_STACK: "eph"}, doomed=False)
         self.network_interface(owned, doomed=False, attach=True)  # in use
         self.network_interface({"cluster.k8s.amazonaws.com/name": cluster}, doomed=False, attach=True)  # in use
-        self.volume({f"kubernetes.io/cluster/{cluster}": "shared"}, doomed=False)  # not owned by the cluster
-        self.classic_load_balancer({f"kubernetes.io/cluster/{cluster}": "shared"}, doomed=False)
+        shared = {f"kubernetes.io/cluster/{cluster}": "shared"}  # someone else's, used by the cluster
+        self.volume(shared, doomed=False)
+        self.classic_load_balancer(shared, doomed=False)
+        self.security_group(shared, doomed=False)
+        self.security_group({**shared, "elbv2.k8s.aws/cluster": cluster}, doomed=False)
+        self.network_interface(shared, doomed=False)
+        self.instance({**shared, "karpenter.sh/nodepool": "gpu-spot", "eks:eks-cluster-name": cluster}, doomed=False)
+        self.load_balancer({**shared, "elbv2.k8s.aws/cluster": cluster}, doomed=False)
         self.launch_template("team-vision-workstation", {"eks:eks-cluster-name": cluster}, doomed=False)  # not Karpenter's
         profile_tags = {**owned, "topology.kubernetes.io/region": REGION}
         self.instance_profile(f"/karpenter/{REGION}/{cluster}2/uid/", {  # a cluster whose name extends this one's
@@ -217,13 +259,17 @@ class FaultyProxy:
 
     ``throttle_every=n`` answers every n-th request with the service's throttling error;
     ``down_on=b"Action=X"`` forwards nothing from the first request containing it on, until
-    ``up()``: the listener is closed (connection refused) and open connections are cut.
+    ``up()``: the listener is closed (connection refused) and open connections are cut. Always, as EC2 does and
+    moto does not, DeleteSecurityGroup of a group another group's rules reference fails with DependencyViolation.
     """
 
     def __init__(self, upstream_port: int, throttle_every: int = 0, down_on: bytes | None = None):
         self.upstream_port = upstream_port
         self.throttle_every = throttle_every
         self.down_on = down_on
+        self.refused: list[str] = []
+        self.ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=f"http://127.0.0.1:{upstream_port}",
+                                aws_access_key_id="testing", aws_secret_access_key="testing")
         self.requests = self.throttled = 0
         self.down = threading.Event()
         self.lock = threading.Lock()
@@ -252,6 +298,9 @@ class FaultyProxy:
                     return
                 if proxy._throttles():
                     self._reply(400, _throttling_body(self.headers.get("Authorization", "")), {})
+                    return
+                if referenced := proxy._still_referenced(body):
+                    self._reply(400, _dependency_violation_body(referenced), {})
                     return
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
                 upstream.request(self.command, self.path, body, dict(self.headers))
@@ -284,6 +333,19 @@ class FaultyProxy:
             return True
         return False
 
+    def _still_referenced(self, body: bytes) -> str:
+        """The group a DeleteSecurityGroup names when another group's rules still reference it, else ""."""
+        form = urllib.parse.parse_qs(body.decode(errors="ignore"))
+        if form.get("Action") != ["DeleteSecurityGroup"]:
+            return ""
+        (group,) = form["GroupId"]
+        holders = {g["GroupId"] for name in ("ip-permission.group-id", "egress.ip-permission.group-id")
+                   for g in self.ec2.describe_security_groups(Filters=[{"Name": name, "Values": [group]}])[
+                       "SecurityGroups"]} - {group}
+        if holders:
+            self.refused.append(group)
+        return group if holders else ""
+
     def _throttles(self) -> bool:
         with self.lock:
             self.requests += 1
@@ -311,6 +373,11 @@ def _throttling_body(authorization: str) -> bytes:
                 b"<Message>Rate exceeded</Message></Error><RequestId>1</RequestId></ErrorResponse>")
     return (b"<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded."
             b"</Message></Error></Errors><RequestID>1</RequestID></Response>")
+
+
+def _dependency_violation_body(group: str) -> bytes:
+    return (f"<Response><Errors><Error><Code>DependencyViolation</Code><Message>resource {group} has a dependent "
+            "object</Message></Error></Errors><RequestID>1</RequestID></Response>").encode()
 
 
 def gpuyard(*args: str, endpoint: str, stdin: str | None = None, extra_env: dict[str, str] | None = None):
@@ -344,6 +411,48 @@ def test_cleanup_deletes_exactly_the_first_cluster_then_finds_nothing(local_aws,
     second = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=local_aws.endpoint_url)
     assert second.returncode == 0 and f"nothing to clean up for cluster {CLUSTER}" in second.stdout
     assert seeded.existing() == before - seeded.world.doomed
+
+
+def test_load_balancer_groups_go_after_their_references_are_revoked_and_shared_or_foreign_ones_stay(local_aws, seeded):
+    """Through a proxy that refuses, as EC2 does, to delete a group still referenced: the load balancer controller's
+    groups and the in-tree k8s-elb group go, EKS's cluster group loses only the rule that referenced it, and another
+    cluster's groups and rules, and every shared-tagged resource, stay."""
+    before = seeded.existing()
+    proxy = FaultyProxy(local_aws.port)
+    try:
+        result = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=proxy.endpoint_url)
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert seeded.existing() == before - seeded.world.doomed
+    eks_group, elb_group = seeded.groups[CLUSTER]
+    assert f"revoked {eks_group}'s rule(s) referencing {elb_group}" in result.stdout
+    (cluster_group,) = seeded.ec2.describe_security_groups(GroupIds=[eks_group])["SecurityGroups"]
+    assert [(r["FromPort"], r["IpRanges"]) for r in cluster_group["IpPermissions"]] == [
+        (443, [{"CidrIp": "10.0.0.0/16"}])]
+    other_eks_group, other_elb_group = seeded.groups[OTHER]
+    assert seeded.references(other_eks_group) == {other_elb_group}
+    lbc = {g["GroupId"] for g in seeded.ec2.describe_security_groups(
+        Filters=[{"Name": "tag:elbv2.k8s.aws/cluster", "Values": [CLUSTER]}])["SecurityGroups"]}
+    assert all(("security-group", g) in seeded.world.kept for g in lbc)  # what is left is shared or the stack's
+
+
+def test_a_group_another_clusters_group_references_is_left_reported_and_its_rule_kept(local_aws):
+    seeder = Seeder(local_aws.endpoint_url)
+    ours = seeder.security_group({"elbv2.k8s.aws/cluster": CLUSTER, "elbv2.k8s.aws/resource": "backend-sg"}, doomed=False)
+    theirs = seeder.cluster_security_group(OTHER)
+    seeder.open_to(theirs, ours)
+    proxy = FaultyProxy(local_aws.port)
+    try:
+        cleaner = Cleaner(CLUSTER, wait_timeout=1.0, poll_interval=0.2)
+        cleaner.ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=proxy.endpoint_url)
+        report = cleaner.run(cleaner.find())
+    finally:
+        proxy.close()
+    assert not report.ok and ours in proxy.refused
+    assert [(o.id, "DependencyViolation" in why) for o, why in report.failed.items()] == [(ours, True)]
+    assert seeder.references(theirs) == {ours}
+    assert seeder.existing() == seeder.world.kept
 
 
 def test_dry_run_lists_a_table_and_changes_nothing(local_aws, seeded):

@@ -149,7 +149,9 @@ def test_a_missing_template_is_an_unknown_stack(sandbox):
 
 # A stand-in for the absent Pulumi CLI: it answers the commands the Automation API runs
 # for create, list, reap, destroy (init, config, up, output, destroy, history, rm) from
-# $FAKE_PULUMI_STATE/stacks.json, logs every call, and fails loudly on anything else.
+# $FAKE_PULUMI_STATE/stacks.json, logs every call, and fails loudly on anything else. With
+# $FAKE_PULUMI_VPC_HELD set, destroy fails as deleting the VPC does while security groups or ENIs the
+# cluster's controllers made are left in it (looked up in the AWS endpoint the test runs).
 FAKE_PULUMI = r'''#!{python}
 import json, os, sys
 state = os.environ["FAKE_PULUMI_STATE"]
@@ -185,6 +187,15 @@ elif args[:3] == ["stack", "output", "--json"]:  # a kubeconfig for a cluster th
         "contexts": [{{"name": "c", "context": {{"cluster": "c", "user": "u"}}}}]}}}}))
 elif args[:1] == ["destroy"]:
     print(f"Destroying ({{stack}}):")
+    if os.environ.get("FAKE_PULUMI_VPC_HELD"):
+        import boto3
+        ec2, cluster = boto3.client("ec2"), stacks[stack]["gpuyard:cluster_name"]
+        held = [g["GroupId"] for f in ([{{"Name": f"tag:kubernetes.io/cluster/{{cluster}}", "Values": ["owned"]}}],
+                                       [{{"Name": "tag:elbv2.k8s.aws/cluster", "Values": [cluster]}}])
+                for g in ec2.describe_security_groups(Filters=f)["SecurityGroups"]
+                if not any(t["Key"] in ("aws:eks:cluster-name", "gpuyard.io/stack") for t in g.get("Tags", []))]
+        if held:
+            sys.exit(print(f"error: deleting EC2 VPC: DependencyViolation: held by {{held[0]}}", file=sys.stderr) or 255)
 elif args[:1] == ["up"]:
     print(f"Updating ({{stack}}):")
 elif args[:2] == ["stack", "history"]:
@@ -256,31 +267,65 @@ def aws_leftovers(sandbox, local_aws):
 
 
 @pytest.mark.slow
-def test_reap_cleans_up_then_destroys_and_removes_only_the_expired(sandbox, fake_pulumi, aws_leftovers):
+def test_reap_destroys_first_then_cleans_up_and_removes_only_the_expired(sandbox, fake_pulumi, aws_leftovers):
     result = gpuyard(sandbox, "env", "reap")
     assert result.returncode == 0, result.stdout + result.stderr
     steps = [line for line in result.stdout.splitlines() if line.startswith("[")]
-    assert steps == ["[1/4] pr-1: draining NodePools",
-                     "[2/4] pr-1: deleting what Kubernetes and Karpenter left for cluster gpuyard-ephemeral-pr-1",
-                     "[3/4] pr-1: pulumi destroy", "[4/4] pr-1: pulumi stack rm"]
-    drain = "NodePool drain skipped: kubectl is not on PATH" if not shutil.which("kubectl", path=sandbox["env"][
-        "PATH"]) else "NodePool drain skipped: the cluster does not answer"
-    assert drain in result.stdout
-    assert "Destroying (pr-1):" in result.stdout and "pr-1: destroyed" in result.stdout
+    assert steps == ["[1/4] pr-1: draining Karpenter's NodePools in cluster gpuyard-ephemeral-pr-1",
+                     "[2/4] pr-1: pulumi destroy",
+                     "[3/4] pr-1: deleting what Kubernetes and Karpenter left for cluster gpuyard-ephemeral-pr-1",
+                     "[4/4] pr-1: pulumi stack rm"]
+    assert "cluster gpuyard-ephemeral-pr-1 does not exist: nothing to drain" in result.stdout
+    lines = result.stdout.splitlines()
+    destroyed = lines.index("Destroying (pr-1):")
+    assert destroyed < min(i for i, line in enumerate(lines) if line.startswith("deleting "))
+    assert "pr-1: destroyed" in result.stdout
     assert aws_leftovers.existing() == aws_leftovers.world.kept
     pr1 = [call for call in _calls(fake_pulumi) if call not in ("stack ls", "config dev", "config pr-2")]
-    assert [call for call in pr1 if call != "stack output pr-1"] == [
-        "config pr-1", "stack select pr-1", "config pr-1", "destroy pr-1", "stack history pr-1", "stack rm"]
+    assert pr1 == ["config pr-1", "stack select pr-1", "config pr-1", "destroy pr-1", "stack history pr-1", "stack rm"]
     assert set(json.loads((fake_pulumi / "stacks.json").read_text())) == {"dev", "pr-2"}
 
 
 @pytest.mark.slow
-def test_destroy_keeps_the_stack_when_cleanup_cannot_reach_aws(sandbox, fake_pulumi):
+def test_a_destroy_the_leftovers_hold_up_deletes_them_and_destroys_again(sandbox, fake_pulumi, aws_leftovers):
+    """The load balancer controller's and the in-tree controller's groups keep the VPC from being deleted; once the
+    cluster is gone (destroy deletes it before the VPC) cleanup deletes them and the second destroy finishes."""
+    sandbox["env"]["FAKE_PULUMI_VPC_HELD"] = "1"
+    result = gpuyard(sandbox, "env", "destroy", "pr-1", "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "pulumi destroy stopped with cluster gpuyard-ephemeral-pr-1 gone: deleting its leftovers" in result.stdout
+    assert _calls(fake_pulumi).count("destroy pr-1") == 2
+    assert aws_leftovers.existing() == aws_leftovers.world.kept
+    assert "pr-1" not in json.loads((fake_pulumi / "stacks.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_destroy_whose_cluster_api_does_not_answer_stops_in_one_line_before_deleting_anything(
+        sandbox, fake_pulumi, aws_leftovers):
+    """The cluster exists (EKS says so) but its API does not answer: Karpenter could still relaunch what cleanup
+    terminated, so nothing is destroyed and nothing deleted."""
+    aws_leftovers.eks.create_cluster(name="gpuyard-ephemeral-pr-1", roleArn="arn:aws:iam::123456789012:role/eks",
+                                     resourcesVpcConfig={"subnetIds": aws_leftovers.subnets})
+    before = aws_leftovers.existing()
+    result = gpuyard(sandbox, "env", "destroy", "pr-1", "--yes")
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    reason = "kubectl is not on PATH" if not shutil.which("kubectl", path=sandbox["env"]["PATH"]) else \
+        "the API of cluster gpuyard-ephemeral-pr-1 does not answer ("
+    assert line.startswith("gpuyard: error: pr-1: ") and reason in line and "nothing deleted" in line
+    assert "destroy pr-1" not in _calls(fake_pulumi) and "[2/4]" not in result.stdout
+    assert aws_leftovers.existing() == before
+    assert "pr-1" in json.loads((fake_pulumi / "stacks.json").read_text())
+
+
+@pytest.mark.slow
+def test_destroy_keeps_the_stack_when_it_cannot_tell_whether_the_cluster_exists(sandbox, fake_pulumi):
     sandbox["env"].update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_MAX_ATTEMPTS": "1",
                            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     result = gpuyard(sandbox, "env", "destroy", "pr-1", "--yes")
     assert result.returncode == 1
-    assert "pr-1: cleanup could not start: AWS endpoint unreachable" in result.stdout
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("gpuyard: error: pr-1: AWS endpoint unreachable:") and line.endswith("stack not removed")
     assert "destroy pr-1" not in _calls(fake_pulumi)
     assert "pr-1" in json.loads((fake_pulumi / "stacks.json").read_text())
 

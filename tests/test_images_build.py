@@ -1,7 +1,8 @@
-"""``gpuyard images build``: one-line exit 2 without a Docker engine; the buildx and ECR login calls.
+"""``gpuyard images build``: the buildx and ECR login calls with a Docker engine, BuildKit without one.
 
-The docker CLI is replaced by a recording stand-in on PATH (this machine has no engine);
-the ECR token comes from a real moto_server.
+The docker CLI is replaced by a recording stand-in on PATH (this machine has no engine); the ECR token
+comes from a real moto_server. Without an engine BuildKit builds for real (tests/test_images_containers.py
+runs what it builds).
 """
 
 from __future__ import annotations
@@ -63,23 +64,41 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int = 2) -> s
     return result.stderr
 
 
-def test_without_docker_installed_says_so_in_one_line(tmp_path):
+def test_without_docker_nor_go_says_so_in_one_line(tmp_path):
+    """No Docker engine means BuildKit, built from its Go module: with neither, one line."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "`docker` is not installed" in one_line_error(gpuyard(env={**os.environ, "PATH": str(empty)}))
+    env = {**os.environ, "PATH": str(empty), "GPUYARD_CACHE": str(tmp_path / "cache")}
+    assert "no Docker engine, and no `go` to build BuildKit with" in one_line_error(gpuyard(env=env))
 
 
-def test_without_a_docker_engine_says_so_in_one_line(docker):
+def test_without_a_docker_engine_dry_run_prints_buildctl_commands(docker):
     env, calls = docker
-    error = one_line_error(gpuyard(env={**env, "FAKE_DOCKER_FAIL": "info"}))
-    assert "no Docker engine" in error and "Cannot connect to the Docker daemon" in error
+    result = gpuyard("--dry-run", "-i", "ddp", "--build-arg", "EFA=skip", env={**env, "FAKE_DOCKER_FAIL": "info"})
+    assert result.returncode == 0, result.stderr
+    [command] = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert Path(command[0]).name == "buildctl" and command[command.index("--addr") + 2] == "build"
+    assert f"dockerfile={REPO_ROOT / 'images' / 'ddp'}" in command and f"context={REPO_ROOT}" in command
+    assert "--opt=build-arg:EFA=skip" in command
+    assert command[command.index("--output") + 1] == "type=image,name=gpuyard-dev/ddp:0.1.0"
     assert [call["args"][0] for call in calls()] == ["info"]
 
 
-def test_without_buildx_says_so_in_one_line(docker):
+def test_without_buildx_builds_with_buildkit_too(docker):
     env, calls = docker
-    assert "buildx is not installed" in one_line_error(gpuyard(env={**env, "FAKE_DOCKER_FAIL": "buildx-version"}))
+    result = gpuyard("--dry-run", "-i", "mpi", env={**env, "FAKE_DOCKER_FAIL": "buildx-version"})
+    assert result.returncode == 0 and Path(shlex.split(result.stdout)[0]).name == "buildctl", result.stderr
     assert not [call for call in calls() if call["args"][:2] == ["buildx", "build"]]
+
+
+@pytest.mark.slow
+def test_without_a_docker_engine_a_failed_buildkit_build_is_exit_1_after_its_output(docker, tmp_path):
+    """BuildKit for real: the public base (pytorch/pytorch) cannot be pulled here, so the build fails."""
+    env, _ = docker
+    result = gpuyard("-i", "ddp", env={**env, "FAKE_DOCKER_FAIL": "info"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == "gpuyard: error: buildctl build of ddp failed (see the output above)"
+    assert "pytorch/pytorch:2.13.0-cuda13.2-cudnn9-runtime" in result.stdout + result.stderr
 
 
 def test_builds_each_image_from_the_repo_root_tagged_with_the_stack_reference(docker):
@@ -151,4 +170,32 @@ def test_dry_run_prints_the_buildx_commands_and_runs_nothing(docker):
     assert [command[:3] for command in commands] == [["docker", "buildx", "build"]] * 2
     assert [command[command.index("--tag") + 1] for command in commands] == ["gpuyard-dev/ddp:0.1.0",
                                                                              "gpuyard-dev/ray:0.1.0"]
-    assert calls() == []
+    assert [call["args"][:2] for call in calls()] == [["info", "--format"], ["buildx", "version"]]  # which builder
+
+
+@pytest.mark.slow
+def test_without_a_docker_engine_buildkit_builds_and_pushes_to_the_stacks_registry(docker, tmp_path):
+    """BuildKit for real, on the base `gpuyard sim images` makes, pushing to a registry on loopback."""
+    from sim.build import build_component
+    from sim.images import base_build, build_images
+    from sim.registry import serving
+    from sim.versions import IMAGE_COMPONENTS
+
+    env, _ = docker
+    binary = build_component(next(c for c in IMAGE_COMPONENTS if c.name == "registry"), print) / "registry"
+    with serving(tmp_path / "registry", binary) as registry:
+        build_images(registry, "dev")  # the bases (cached by their inputs)
+        base = base_build("torch")
+        document = yaml.safe_load(stack_file("dev").read_text())
+        document["config"]["gpuyard:image_registry"] = f"{registry.address}/gpuyard-images-build-test"
+        stacks = tmp_path / "stacks"
+        stacks.mkdir()
+        (stacks / "Pulumi.dev.yaml").write_text(yaml.safe_dump(document))
+        result = gpuyard("--push", "-i", "ddp", "--build-arg", f"BASE_IMAGE={registry.address}/{base.repository}:{base.tag}",
+                         # the sim's own build arguments, so BuildKit's cache from `sim images` serves every step
+                         "--build-arg", "EFA=skip", "--build-arg", "VCS_REF=unknown",
+                         env={**env, "FAKE_DOCKER_FAIL": "info", "GPUYARD_STACKS_DIR": str(stacks)})
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        ref = f"{registry.address}/gpuyard-images-build-test/ddp:0.1.0"
+        assert f"pushed {ref}" in result.stdout
+        assert registry.manifest("gpuyard-images-build-test/ddp", "0.1.0") is not None

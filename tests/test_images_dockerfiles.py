@@ -136,9 +136,9 @@ def test_mpi_ssh_client_and_server_agree_on_the_port():
     assert server in " ".join(Dockerfile.of("mpi").all("EXPOSE")).split()
 
 
-def test_mpi_installs_openmpi_ucx_and_openssh():
+def test_mpi_installs_openmpi_ucx_openssh_and_tini():
     installs = " ".join(Dockerfile.of("mpi").all("RUN"))
-    for package in ("openmpi-bin", "libucx0", "ucx-utils", "openssh-server", "openssh-client"):
+    for package in ("openmpi-bin", "libucx0", "ucx-utils", "openssh-server", "openssh-client", "tini"):
         assert f" {package} " in f" {installs} "
 
 

@@ -2,7 +2,8 @@
 
 Every kind of every dev-stack team is rendered; its image references are the stack's
 refs of the kind's image, and its commands are the Dockerfile's ENTRYPOINT/CMD (which
-tests/test_images_run.py runs) or, for the MPI launcher, the mpirun that test runs.
+tests/test_images_containers.py runs in containers of the built images) or, for the MPI launcher, the
+mpirun that test runs.
 """
 
 from __future__ import annotations
@@ -95,9 +96,9 @@ def test_rayjob_entrypoint_is_the_ray_image_command_shape():
     cmd = Dockerfile.of("ray").command()
     entrypoint = shlex.split(rendered(CONFIG.teams[0], "rayjob")["spec"]["entrypoint"])
     assert entrypoint[:3] == cmd[:3] == ["python", "-m", RAY_MODULE]
-    assert entrypoint[-3] == cmd[-2] == "--num-workers"
-    assert entrypoint[-1] in ("--use-gpu", "--no-use-gpu")
-    trainer_argv(entrypoint[3:-3])
+    assert entrypoint[-5] == cmd[-2] == "--num-workers"
+    assert entrypoint[-3] in ("--use-gpu", "--no-use-gpu") and entrypoint[-2] == "--max-restarts"
+    trainer_argv(entrypoint[3:-5])
 
 
 @pytest.mark.parametrize("image", sorted(set(KIND_IMAGE.values())))

@@ -42,13 +42,23 @@ def test_stack_files_parse(stack):
         ({"gpuyard:cluster": {**ACCESS, "endpoint_public": False, "endpoint_private": False}}, "endpoint_public and endpoint_private are both false"),
         ({"gpuyard:cluster": {**ACCESS, "kubernetes_version": "1.20"}}, "kubernetes_version '1.20' is not an EKS version"),
         ({"gpuyard:network": {"az_count": 1}}, "network.az_count"),
-        ({"gpuyard:network": {"cidr": "10.0.0.0/26"}}, "must be an IPv4 network of /20 or larger"),
+        ({"gpuyard:network": {"cidr": "10.0.0.0/26"}}, "gpuyard:network: cidr '10.0.0.0/26' must be an IPv4 network from /16"),
         ({"gpuyard:network": {"nat": "none"}}, "network.nat"),
         ({"gpuyard:karpenter": {"gpu_families": ["z1"]}}, "unknown GPU instance type family 'z1'"),
         ({"gpuyard:teams": [{"name": "a"}, {"name": "a"}]}, "duplicate team name 'a'"),
         ({"gpuyard:teams": [{"name": "Bad_Team"}]}, "gpuyard:teams[0].name"),
         ({"gpuyard:cluster_name": "Bad Name"}, "cluster_name"),
         ({"gpuyard:cluster": {**ACCESS, "bogus": 1}}, "cluster.bogus"),
+        ({"gpuyard:teams": [{"name": "a", "namespace": "kube-system"}]}, "namespace 'kube-system' is reserved"),
+        ({"gpuyard:teams": [{"name": "a", "namespace": "kube-anything"}]}, "namespace 'kube-anything' is reserved"),
+        ({"gpuyard:teams": [{"name": "a", "namespace": "default"}]}, "namespace 'default' is reserved"),
+        ({"gpuyard:teams": [{"name": "a", "namespace": "volcano-system"}]}, "namespace 'volcano-system' is reserved"),
+        ({"gpuyard:teams": [{"name": "a", "queue": "default"}]}, "queue 'default' is Volcano's own"),
+        ({"gpuyard:teams": [{"name": "root"}]}, "queue 'root' is Volcano's own"),
+        ({"gpuyard:teams": [{"name": "vision"}, {"name": "nlp", "checkpoint_prefix": "teams/vision/nlp"}]},
+         "checkpoint_prefix 'teams/vision/nlp/' lies inside 'teams/vision/' of team 'vision'"),
+        ({"gpuyard:teams": [{"name": "a", "checkpoint_prefix": "shared"}, {"name": "b", "checkpoint_prefix": "shared/b/"}]},
+         "lies inside 'shared/' of team 'a'"),
     ],
 )
 def test_bad_config_is_one_line(values, message):
@@ -91,3 +101,14 @@ def test_json_encoded_structured_values_read_like_yaml_ones(tmp_path):
     from_json = load_stack("pr-1", tmp_path)
     assert from_json.teams == load_stack("dev").teams
     assert from_json.cluster == load_stack("dev").cluster
+
+
+@pytest.mark.parametrize(("written", "kept"), [("teams/a", "teams/a/"), ("teams/a/", "teams/a/"), ("x", "x/")])
+def test_checkpoint_prefixes_end_at_a_slash(written, kept):
+    config = parse_stack("test", {**BASE, "gpuyard:teams": [{"name": "a", "checkpoint_prefix": written}]})
+    assert config.team("a").checkpoint_prefix == kept
+
+
+def test_neighbouring_prefixes_are_apart():
+    config = parse_stack("test", {**BASE, "gpuyard:teams": [{"name": "nlp"}, {"name": "nlp-2"}]})
+    assert [t.checkpoint_prefix for t in config.teams] == ["teams/nlp/", "teams/nlp-2/"]

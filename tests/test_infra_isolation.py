@@ -136,8 +136,10 @@ def test_admission_policy_admits_plain_pods_and_every_rendered_template():
 @pytest.mark.parametrize("stack", STACKS)
 def test_admission_policy_binds_to_team_namespaces_for_every_requester(stack):
     resources = planned(stack)
-    (policy,) = of_type(resources, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy")
-    (binding,) = of_type(resources, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    (policy,) = [p for p in of_type(resources, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy")
+                 if p.inputs["metadata"]["name"] == POD_ADMISSION_POLICY]
+    (binding,) = [b for b in of_type(resources, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+                  if b.inputs["spec"]["policyName"] == POD_ADMISSION_POLICY]
     spec = policy.inputs["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert rule["resources"] == ["pods", "pods/ephemeralcontainers"] and set(rule["operations"]) == {"CREATE", "UPDATE"}

@@ -132,8 +132,10 @@ def test_every_node_has_imds_hop_limit_one(stack):
     assert templates
     for template in templates:
         assert template.inputs["metadataOptions"]["httpPutResponseHopLimit"] == 1, template.name
-    (node_class,) = of_type(resources, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
-    assert node_class.inputs["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1
+    node_classes = of_type(resources, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
+    assert node_classes
+    for node_class in node_classes:
+        assert node_class.inputs["spec"]["metadataOptions"]["httpPutResponseHopLimit"] == 1, node_class.name
 
 
 EKS = "aws:eks/cluster:Cluster"

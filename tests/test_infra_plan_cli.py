@@ -42,7 +42,7 @@ def test_preview_shows_every_resource_by_type_and_name_the_policies_and_a_summar
     assert len(rows) == len(resources) + 1  # and the stack itself
     assert any(re.fullmatch(r" \+   ├─ gpuyard:tenancy:Team\s+team-research", row) for row in rows)
     assert any(re.fullmatch(r" \+   │  ├─ aws:eks/cluster:Cluster\s+cluster-eks", row) for row in rows)
-    assert "    ✅ gpuyard (infra/policy): 10 policies, 0 violations" in lines
+    assert "    ✅ gpuyard (infra/policy): 16 policies, 0 violations" in lines
     assert "        pass  imdsv2-required" in lines
     assert lines[-2:] == ["Resources:", f"    + {len(resources)} to create"]
 
@@ -52,14 +52,14 @@ def test_policy_violations_are_shown_per_resource():
     verdicts = policy_verdicts(resources)
     assert verdicts["buckets-encrypted-and-private"] == ["bucket storage-checkpoints has no public access block"]
     text = format_preview("dev", resources, verdicts)
-    assert "    ❌ gpuyard (infra/policy): 10 policies, 1 violations" in text
+    assert "    ❌ gpuyard (infra/policy): 16 policies, 1 violations" in text
     assert "        fail  buckets-encrypted-and-private\n              - bucket storage-checkpoints" in text
 
 
 def test_unknown_stack_is_a_usage_error():
     result = run("--stack", "nope")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': 'nope' is not one of")
+    assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': unknown stack 'nope' (stacks: ")
 
 
 def test_summary_for_the_demo():

@@ -185,6 +185,12 @@ def test_stack_policy_catches_a_bucket_without_its_guards():
 
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
+QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+ROLE = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+QUOTA = "kubernetes:core/v1:ResourceQuota"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+VAP = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
 NODE_CLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 
 
@@ -298,8 +304,36 @@ def _mutated(stack: str, name: str, type_: str, change) -> list:
         ("team-vision-namespace", "kubernetes:core/v1:Namespace",
          lambda i: i["metadata"]["labels"].pop("pod-security.kubernetes.io/enforce"), "namespace-pod-security"),
         ("cluster-vpc-cni", "aws:eks/addon:Addon", lambda i: i.pop("configurationValues"), "network-policies-enforced"),
+        # issue 21: tenants stay in their lane
+        ("team-nlp-queue", QUEUE, lambda i: i["metadata"].update(name="default"), "tenant-names-not-reserved"),
+        ("team-vision-role", ROLE, lambda i: i["rules"].append(
+            {"apiGroups": ["trainer.kubeflow.org"], "resources": ["*"], "verbs": ["*"]}), "team-role-writes-no-runtime"),
+        ("team-vision-checkpoints", ROLE_POLICY, lambda i: i.update(policy=json.dumps({"Statement": [
+            {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
+             "Condition": {"StringLike": {"s3:prefix": ["teams/vision*"]}}}]})), "s3-prefixes-end-at-slash"),
+        ("team-vision-checkpoints", ROLE_POLICY, lambda i: i.update(policy=json.dumps({"Statement": [
+            {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/teams/vision*"}]})),
+         "s3-prefixes-end-at-slash"),
+        ("team-nlp-namespace", "kubernetes:core/v1:Namespace",
+         lambda i: i["metadata"]["annotations"].clear(), "team-lanes-admitted"),
+        ("pod-admission-rayjobs-binding", BINDING, lambda i: i["spec"].update(validationActions=["Warn"]),
+         "team-lanes-admitted"),
+        ("pod-admission-podgroups-policy", VAP, lambda i: i["spec"].update(
+            matchConditions=[{"name": "people", "expression": "!request.userInfo.username.startsWith('system:')"}]),
+         "team-lanes-admitted"),
+        ("team-nlp-quota", QUOTA, lambda i: i["spec"]["hard"].pop("services.loadbalancers"), "team-services-in-cluster"),
+        ("addons-nvidia-device-plugin", RELEASE, lambda i: i["values"].pop("deviceListStrategy"), "gpus-only-by-request"),
+        ("cluster-gpu-small", LT, lambda i: i.pop("userData"), "gpus-only-by-request"),
+        ("karpenter-default", NODE_CLASS, lambda i: i["spec"].pop("userData"), "gpus-only-by-request"),
     ],
 )
 def test_the_pack_catches_each_mistake_in_the_real_plan(name, type_, change, policy):
-    assert violations(_mutated("dev", name, type_, change)) == [policy if policy == "network-policies-enforced"
+    stack_rules = ("network-policies-enforced", "team-lanes-admitted", "team-services-in-cluster", "gpus-only-by-request")
+    assert violations(_mutated("dev", name, type_, change)) == [policy if policy in stack_rules
                                                                  else f"{policy}: {name}"]
+
+
+def test_a_reserved_team_namespace_is_caught_with_the_quota_it_no_longer_has():
+    resources = _mutated("dev", "team-vision-namespace", "kubernetes:core/v1:Namespace",
+                         lambda i: i["metadata"].update(name="kube-vision"))
+    assert violations(resources) == ["tenant-names-not-reserved: team-vision-namespace", "team-services-in-cluster"]

@@ -6,6 +6,8 @@ GPUYARD_UPDATE_GOLDEN=1 and review the diff like code).
 
 from __future__ import annotations
 
+import fnmatch
+
 import ipaddress
 import json
 import os
@@ -69,13 +71,22 @@ def test_irsa_trust_names_exactly_one_service_account(namespace, account):
     }
 
 
-@pytest.mark.parametrize("prefix", ["teams/a", "/teams/a/", "x"])
+@pytest.mark.parametrize("prefix", ["teams/a/", "x/"])
 def test_team_checkpoint_policy_is_limited_to_its_prefix(prefix):
     objects, listing = team_checkpoint_policy("arn:aws:s3:::b", prefix)["Statement"]
-    clean = prefix.strip("/")
-    assert objects["Resource"] == f"arn:aws:s3:::b/{clean}/*"
+    assert objects["Resource"] == f"arn:aws:s3:::b/{prefix}*"
     assert "s3:*" not in objects["Action"]
-    assert listing["Condition"]["StringLike"]["s3:prefix"] == [f"{clean}/*", clean]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == [f"{prefix}*", prefix]
+
+
+def test_a_prefix_ending_at_slash_leaves_the_neighbours_keys_alone():
+    """IAM StringLike and object ARNs compare characters (``*`` any run of them): teams/a without the slash also
+    matched teams/a-2/... (issue 21)."""
+    objects, listing = team_checkpoint_policy("arn:aws:s3:::b", "teams/a/")["Statement"]
+    for pattern in (objects["Resource"].removeprefix("arn:aws:s3:::b/"), *listing["Condition"]["StringLike"]["s3:prefix"]):
+        assert not fnmatch.fnmatchcase("teams/a-2/ckpt-1.pt", pattern)
+        assert not fnmatch.fnmatchcase("teams/a-2/", pattern)
+    assert fnmatch.fnmatchcase("teams/a/run/ckpt-1.pt", objects["Resource"].removeprefix("arn:aws:s3:::b/"))
 
 
 def test_bucket_policy_denies_plain_http():

@@ -14,9 +14,9 @@ NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 
 
 def outlives(resources) -> dict[str, set[str]]:
-    """urn -> every urn it depends on, directly or not (those are deleted after it)."""
+    """urn -> every urn it depends on, directly or not, its explicit provider included (those are deleted after it)."""
     direct = {r.urn: set(r.dependencies) | {u for urns in r.property_dependencies.values() for u in urns}
-              for r in resources}
+              | ({r.provider.rsplit("::", 1)[0]} if r.provider else set()) for r in resources}
     closed: dict[str, set[str]] = {}
 
     def walk(urn: str) -> set[str]:
@@ -64,6 +64,20 @@ def test_team_namespaces_go_before_the_operators_that_finalize_their_jobs(stack)
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_eks_addons_outlive_every_kubernetes_object(stack):
+    """Operators, Karpenter and the teams' objects are deleted while pods still have networking (vpc-cni, kube-proxy)
+    and DNS (coredns: Karpenter resolves the EC2 endpoint through it to terminate its nodes)."""
+    resources = planned(stack)
+    after = outlives(resources)
+    addons = {r.urn for r in of_type(resources, "aws:eks/addon:Addon")}
+    assert len(addons) == 3
+    kubernetes_objects = [r for r in resources if r.type.startswith("kubernetes:") and r.type != "pulumi:providers:kubernetes"]
+    assert len(kubernetes_objects) > 20
+    for resource in kubernetes_objects:
+        assert addons <= after[resource.urn], resource.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_the_stack_owns_the_control_plane_log_group(stack):
     resources = planned(stack)
     config = load_stack(stack)
@@ -86,13 +100,21 @@ def test_short_lived_stacks_empty_their_bucket_and_registries_on_destroy(stack):
         assert not resource.protect
 
 
-def test_prod_protects_its_bucket_and_registries():
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+
+
+def test_prod_protects_its_bucket_registries_and_audit_logs():
+    """The control-plane and audit log group is kept like the checkpoints: `pulumi destroy` stops at it."""
     resources = [r for r in planned("prod") if r.type in STORAGE]
     assert len(resources) == 4
     for resource in resources:
         assert resource.protect, resource.name
         assert not resource.inputs.get("forceDestroy", resource.inputs.get("forceDelete")), resource.name
-    assert not [r for r in planned("prod") if r.protect and r.type not in STORAGE]
+    (logs,) = of_type(planned("prod"), LOG_GROUP)
+    assert logs.protect and "audit" in load_stack("prod").cluster.log_types
+    assert not [r for r in planned("prod") if r.protect and r.type not in (*STORAGE, LOG_GROUP)]
+    for stack in ("dev", "ephemeral"):
+        assert not [r.name for r in planned(stack) if r.protect]
 
 
 def test_force_destroy_and_protect_exclude_each_other():

@@ -1,5 +1,6 @@
 """`gpuyard render` as users run it: a real process, YAML out, one-line errors, nothing half-written."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,21 @@ def test_an_explicit_image_needs_no_registry(monkeypatch):
     assert result.returncode == 0, result.stderr
     pods = yaml.safe_load(result.stdout)["spec"]["mpiReplicaSpecs"].values()
     assert {pod["template"]["spec"]["containers"][0]["image"] for pod in pods} == {"registry.example/mpi:7"}
+
+
+def test_registry_overrides_the_stacks_image_registry_for_every_container():
+    """``--registry`` is what ``gpuyard sim registry`` prints: every kind's images come from there."""
+    result = gpuyard("--stack", "dev", "--all", "--registry", "127.0.0.1:5000/gpuyard-dev", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    images = set(re.findall(r'"image": "([^"]+)"', result.stdout))
+    assert images == {f"127.0.0.1:5000/gpuyard-dev/{name}:0.1.0" for name in ("ddp", "mpi", "ray")}
+
+
+def test_a_registry_that_is_no_prefix_is_one_line_exit_2(tmp_path):
+    result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "mpijob", "--registry", "http://x", "-d",
+                     str(tmp_path / "out"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--registry 'http://x': not a registry prefix" in result.stderr and not (tmp_path / "out").exists()
 
 
 def test_stdout_is_one_manifest():
@@ -105,7 +121,7 @@ def test_all_writes_the_golden_files(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--stack", "nope", "--all"], "Invalid value for '--stack': 'nope' is not one of 'dev', 'ephemeral', 'prod'"),
+    (["--stack", "nope", "--all"], "Invalid value for '--stack': unknown stack 'nope' (stacks: dev, ephemeral, prod in "),
     (["--team", "ghost", "--kind", "mpijob"], "unknown team 'ghost'"),
     (["--team", "nlp", "--kind", "tfjob"], "Invalid value for '--kind': 'tfjob' is not one of"),
     (["--team", "nlp", "--kind", "mpijob", "--nodes", "0"], "nodes"),
@@ -133,7 +149,7 @@ def test_all_writes_the_golden_files(tmp_path):
     (["--team", "nlp", "--kind", "volcanojob", "--name", "v" * 60], "too long for a volcanojob"),
     (["--stack", "prod", "--team", "nlp", "--kind", "trainjob"], "does not install Kubeflow Trainer v2"),
     (["--team", "nlp"], "--team and --kind are required"),
-    (["--all", "--team", "nlp"], "drop --team/--kind"),
+    (["--all", "--team", "nlp"], "drop --team"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "out"

@@ -16,6 +16,7 @@ from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from sim import nodes, stack
 from sim.cluster import Sim
+from sim.images import build_images
 from sim.processes import zombie, alive
 from sim.submit import SubmitFailed, submit
 
@@ -58,6 +59,24 @@ def test_every_stack_object_is_admitted(sim, resources):
         assert meta.get("labels", {}).items() <= live["metadata"].get("labels", {}).items()
     queue = kubectl.get("queues.scheduling.volcano.sh", "vision")
     assert queue["spec"]["capability"]["nvidia.com/gpu"] == "16"
+
+
+def test_the_registry_answers_at_the_prefix_status_names(sim):
+    """The image registry runs with the cluster (sim/registry.py); `gpuyard sim registry` prints this prefix."""
+    registry = sim.registry()
+    assert registry.ready() and registry.address.startswith("127.0.0.1:")
+    assert sim.status()["registry"] == f"{registry.address}/{CONFIG.cluster_name}"
+    assert "registry" in sim.supervisor.running()
+
+
+def test_the_images_are_pushed_to_the_registry_under_the_stacks_prefix(sim):
+    """What `gpuyard sim images` does: the three images (built once by `python -m sim.images`, found by the digest
+    of their inputs) under the prefix `gpuyard render --registry` takes."""
+    registry = sim.registry()
+    refs = build_images(registry, STACK)
+    assert refs == {image: f"{registry.address}/{CONFIG.cluster_name}/{image}:{CONFIG.image_tag}" for image in refs}
+    for image in refs:
+        assert registry.manifest(f"{CONFIG.cluster_name}/{image}", CONFIG.image_tag) is not None
 
 
 def test_nodes_follow_the_stack_pools(sim, resources):

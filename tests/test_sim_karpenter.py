@@ -8,6 +8,7 @@ return to zero is seen in seconds; Karpenter acts on it at its next disruption p
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -22,6 +23,7 @@ from conftest import with_registry
 from infra.config import load_stack
 from infra.conventions import GPU_RESOURCE, GRACE_PERIOD_SECONDS, LABEL_NODEPOOL, LABEL_PART_OF, NODEPOOL_GPU_ON_DEMAND
 from infra.plan import plan
+from jobs.ephemeral.stacks import drain_node_pools
 from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from sim import karpenter
@@ -351,3 +353,22 @@ def test_spot_interruption_gives_the_gang_its_grace_period(sim, tmp_path):
     finally:
         _instance_gone(kubectl, node)
         kubectl.run("delete", "-f", str(path), "--wait=false")
+
+
+def test_teardown_drain_returns_only_once_karpenters_nodes_are_gone(sim, tmp_path, monkeypatch):
+    """`env destroy`'s first step against a live Karpenter: with a gang's GPU nodes still up, drain_node_pools deletes
+    the NodePools with a foreground cascade and returns only once no NodeClaim or Karpenter node is left, so
+    `pulumi destroy` never races a node Karpenter relaunches. Runs last: it deletes the module cluster's NodePools."""
+    kubectl = sim.kubectl()
+    _until(lambda: not _gpu_nodes(kubectl), SETTLE, "no GPU node left by an earlier test")
+    path = _rendered(tmp_path, "vision", "pytorchjob", name="vision-teardown")
+    submit(sim, [path], RUN, print, until=("running",))
+    assert _gpu_nodes(kubectl)
+    kubectl.run("delete", "-f", str(path), "--wait=false")
+    monkeypatch.setenv("PATH", f"{sim.kubectl_binary().parent}:{os.environ['PATH']}")
+    said: list[str] = []
+    drain_node_pools(sim.kubeconfig.read_text(), "sim", said.append, timeout=SETTLE + RUN)
+    assert said == ["NodePools drained: no NodeClaim or Karpenter node left in cluster sim"]
+    assert kubectl.items("nodepools.karpenter.sh") == []
+    assert kubectl.items("nodeclaims.karpenter.sh") == []
+    assert [n["metadata"]["name"] for n in kubectl.items("nodes", selector=LABEL_NODEPOOL)] == []

@@ -49,3 +49,18 @@ def test_kubernetes_minor_without_a_build_is_one_clear_error():
     assert kubernetes_tag("1.35") == "v1.35.4"
     with pytest.raises(ConfigError, match=r"cluster.kubernetes_version '1.29' has no simulated build \(supported: 1.35\)"):
         components("1.29")
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "ephemeral"])
+def test_every_stack_pool_has_a_simulated_shape(stack):
+    """`gpuyard sim up --stack prod` once failed at start: prod's system group (m6i.2xlarge) had no shape."""
+    for pool in nodes.pools(plan(stack).resources):
+        for instance_type in pool.instance_types:
+            assert instance_type in nodes.SHAPES, (stack, pool.name, instance_type)
+
+
+def test_simulated_prices_are_karpenters_on_demand_prices():
+    from infra.prices import ON_DEMAND_USD_PER_HOUR
+
+    assert {name: shape.price for name, shape in nodes.SHAPES.items()} == {
+        name: ON_DEMAND_USD_PER_HOUR[name] for name in nodes.SHAPES}

@@ -1,5 +1,6 @@
 """Checkpoints on a real directory and a real moto S3 server: atomic, verified, pruned, skipped when bad."""
 
+import io
 import json
 
 import boto3
@@ -21,7 +22,7 @@ def storage(request, tmp_path):
     return S3Storage("ckpt", "runs/a")
 
 
-IDENTITY = {"model": "linear", "dataset_size": 64, "seed": 0, "batch_size": 8, "world_size": 1, "lr": 0.001}
+IDENTITY = {"model": "linear", "dataset_size": 64, "seed": 0, "batch_size": 8, "lr": 0.001, "dropout": 0.0}
 
 
 def _checkpointer(storage, **kwargs) -> Checkpointer:
@@ -192,8 +193,8 @@ def test_objects_that_are_not_ours_are_ignored_whatever_their_names(storage, tmp
         storage.put(name, body)
     if isinstance(storage, LocalStorage):
         (storage.root / manifest_name(99)).mkdir()  # a folder named like a checkpoint
-    else:
-        storage.put(f"{manifest_name(99)}/inside", b"{}")
+    else:  # a "folder" another tool made: our storage only writes plain names
+        boto3.client("s3").put_object(Bucket="ckpt", Key=f"runs/a/{manifest_name(99)}/inside", Body=b"{}")
     checkpointer = _checkpointer(storage, keep=2)
     _save_steps(checkpointer, range(1, 5))
     assert checkpointer.load_latest().step == 4
@@ -208,8 +209,8 @@ def test_objects_that_are_not_ours_are_ignored_whatever_their_names(storage, tmp
     ("seed", 7, "--seed 0 in the checkpoint, 7 now"),
     ("dataset_size", 128, "--dataset-size 64 in the checkpoint, 128 now"),
     ("batch_size", 16, "--batch_size 8 in the checkpoint, 16 now"),
-    ("world_size", 2, "world size 1 in the checkpoint, 2 now"),
     ("lr", 0.1, "--lr 0.001 in the checkpoint, 0.1 now"),
+    ("dropout", 0.5, "--dropout 0.0 in the checkpoint, 0.5 now"),
 ])
 def test_a_checkpoint_of_another_run_shape_is_an_identity_mismatch(tmp_path, key, value, flag):
     storage = LocalStorage(tmp_path)
@@ -237,3 +238,143 @@ def test_a_manifest_put_that_lands_but_fails_on_the_client_is_pruned_later(local
     assert storage.names() == sorted(f(step) for step in (5, 6) for f in (data_name, manifest_name))
     _assert_manifests_name_existing_data(storage)
     proxy.close()
+
+
+# --- corrupt checkpoints are reported and skipped, whatever they hold (issue 24, item 8) ---
+
+def _consistent(storage, at: int, payload: bytes, **manifest_changes) -> None:
+    """A checkpoint whose manifest matches its data (size and sha256), with ``manifest_changes`` applied."""
+    _checkpointer(storage).save(at, payload)
+    if manifest_changes:
+        manifest = json.loads(storage.get(manifest_name(at))) | manifest_changes
+        storage.put(manifest_name(at), json.dumps(manifest).encode())
+
+
+def _skipped(events: list[dict]) -> list[tuple[str, str]]:
+    return [(e["name"], e["reason"]) for e in events if e["event"] == "checkpoint_skipped"]
+
+
+def test_a_truncated_torch_file_whose_manifest_matches_is_skipped(storage):
+    storage.check()
+    _save_steps(_checkpointer(storage), range(1, 2))
+    _consistent(storage, 2, serialize(_state(2))[:-200])
+    events = []
+    assert _checkpointer(storage, emit=events.append).load_latest().step == 1
+    [(name, reason)] = _skipped(events)
+    assert name == manifest_name(2) and reason.startswith(f"{data_name(2)}: not a checkpoint: ")
+
+
+@pytest.mark.parametrize("data", ["../../outside.pt", "ckpt-000000001.pt", ["x"], 7, None, "ckpt-000000002.pt/x"])
+def test_a_manifest_whose_data_is_not_its_own_object_name_is_skipped_and_nothing_else_is_read(storage, tmp_path, data):
+    storage.check()
+    (tmp_path / "outside.pt").write_bytes(serialize(_state(99)))
+    _save_steps(_checkpointer(storage), range(1, 2))
+    _consistent(storage, 2, serialize(_state(2)), data=data)
+    events = []
+    assert _checkpointer(storage, emit=events.append).load_latest().step == 1
+    assert _skipped(events) == [(manifest_name(2), f"unreadable manifest: data is {data!r}, not {data_name(2)!r}")]
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("step", 3, "unreadable manifest: step is 3, not 2"),
+    ("bytes", -1, "unreadable manifest: bytes is -1"),
+    ("bytes", True, "unreadable manifest: bytes is True"),
+    ("sha256", "not-hex", "unreadable manifest: sha256 is not a hex digest"),
+])
+def test_a_manifest_with_a_field_of_the_wrong_kind_is_skipped(storage, field, value, reason):
+    storage.check()
+    _save_steps(_checkpointer(storage), range(1, 2))
+    _consistent(storage, 2, serialize(_state(2)), **{field: value})
+    events = []
+    assert _checkpointer(storage, emit=events.append).load_latest().step == 1
+    assert _skipped(events) == [(manifest_name(2), reason)]
+
+
+def test_a_manifest_that_is_json_but_not_an_object_is_skipped(storage):
+    storage.check()
+    _save_steps(_checkpointer(storage), range(1, 2))
+    storage.put(manifest_name(2), b"[1, 2]")
+    events = []
+    assert _checkpointer(storage, emit=events.append).load_latest().step == 1
+    assert _skipped(events) == [(manifest_name(2), "unreadable manifest: a list, not an object")]
+
+
+def test_a_data_object_that_is_a_folder_is_skipped(tmp_path):
+    storage = LocalStorage(tmp_path)
+    _save_steps(_checkpointer(storage), range(1, 2))
+    _consistent(storage, 2, serialize(_state(2)))
+    (tmp_path / data_name(2)).unlink()
+    (tmp_path / data_name(2)).mkdir()
+    events = []
+    assert _checkpointer(storage, emit=events.append).load_latest().step == 1
+    [(name, reason)] = _skipped(events)
+    assert name == manifest_name(2) and reason.endswith("a folder, not a file: remove it")
+
+
+def _trainer_parts(model_name: str = "linear"):
+    from jobs.workload.data import build_model
+    from jobs.workload.state import RankRNG, TrainProgress
+
+    model = build_model(model_name, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return {"model": model, "optimizer": optimizer, "progress": TrainProgress()}, RankRNG(0, 0, torch.device("cpu"))
+
+
+def _manager(storage, events=None, model_name: str = "linear"):
+    from jobs.workload.dist import DistEnv
+    from jobs.workload.manager import CheckpointManager, SaveSchedule
+
+    shared, rng = _trainer_parts(model_name)
+    manager = CheckpointManager(_checkpointer(storage, emit=(events if events is not None else []).append),
+                                SaveSchedule(1), DistEnv())
+    for name, stateful in shared.items():
+        manager.register(name, stateful)
+    manager.register("rng", rng, per_rank=True)
+    return manager, shared
+
+
+def _trained_step(manager, shared, step: int) -> None:
+    loss = shared["model"](torch.rand(4, 20)).sum()
+    loss.backward()
+    shared["optimizer"].step()
+    shared["progress"].advance(4)
+    manager.save(step)
+    manager.wait()
+
+
+def test_a_checkpoint_without_model_or_of_another_model_is_skipped_for_the_previous_one(storage):
+    storage.check()
+    writer, shared = _manager(storage)
+    _trained_step(writer, shared, 1)
+    expected = {key: tensor.clone() for key, tensor in shared["model"].state_dict().items()}
+    good = torch.load(io.BytesIO(storage.get(data_name(1))), weights_only=True)
+    _consistent(storage, 2, serialize({key: value for key, value in good.items() if key != "model"} | {"step": 2}))
+    other, other_shared = _manager(storage, model_name="mlp")
+    _consistent(storage, 3, serialize(other._state(3, [{"rng": {}}])))
+
+    events = []
+    reader, loaded = _manager(storage, events)
+    assert reader.load().step == 1
+    assert all(torch.equal(loaded["model"].state_dict()[key], tensor) for key, tensor in expected.items())
+    reasons = dict(_skipped(events))
+    assert reasons[manifest_name(3)].startswith(f"{data_name(3)}: its model does not fit this run: Error(s) in loading")
+    assert reasons[manifest_name(2)] == f"{data_name(2)}: not a checkpoint of this trainer: no 'model'"
+
+
+def test_when_no_checkpoint_applies_the_run_starts_fresh_from_its_own_initial_state(storage):
+    storage.check()
+    other, _ = _manager(storage, model_name="mlp")
+    _consistent(storage, 3, serialize(other._state(3, [{"rng": {}}])))
+    writer, shared = _manager(storage)
+    shared["model"](torch.rand(4, 20)).sum().backward()
+    shared["optimizer"].step()  # weights unlike the initial ones, then a progress that does not load
+    half = writer._state(4, [{"rng": {}}])
+    half["progress"]["epoch"] = "not a count"
+    _consistent(storage, 4, serialize(half))
+
+    events = []
+    reader, loaded = _manager(storage, events)
+    initial = {key: tensor.clone() for key, tensor in _trainer_parts()[0]["model"].state_dict().items()}
+    assert reader.load() is None
+    assert all(torch.equal(loaded["model"].state_dict()[key], tensor) for key, tensor in initial.items())
+    assert [name for name, _ in _skipped(events)] == [manifest_name(4), manifest_name(3)]

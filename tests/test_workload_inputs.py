@@ -4,8 +4,10 @@ import io
 import json
 import os
 import pty
+import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import pytest
@@ -23,15 +25,15 @@ GOOD = ["2", "1", "--batch_size", "8"]
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["0", "1"], "total_epochs: Input should be greater than or equal to 1 (got 0)"),
-    (["2", "0"], "save_every: Input should be greater than or equal to 1 (got 0)"),
-    (["2", "1", "--batch_size", "0"], "batch_size: Input should be greater than or equal to 1 (got 0)"),
-    ([*GOOD, "--model", "resnet"], "model: Input should be 'linear' or 'mlp' (got 'resnet')"),
+    (["0", "1"], "TOTAL_EPOCHS: Input should be greater than or equal to 1 (got 0)"),
+    (["2", "0"], "SAVE_EVERY: Input should be greater than or equal to 1 (got 0)"),
+    (["2", "1", "--batch_size", "0"], "--batch_size: Input should be greater than or equal to 1 (got 0)"),
+    ([*GOOD, "--model", "resnet"], "--model: Input should be 'linear' or 'mlp' (got 'resnet')"),
     ([*GOOD, "--checkpoint-uri", "gs://b/p"], "unsupported scheme 'gs'"),
-    (["two", "1"], "argument total_epochs: invalid int value: 'two'"),
-    ([*GOOD, "--save-every-steps", "0"], "save_every_steps: Input should be greater than or equal to 1 (got 0)"),
-    ([*GOOD, "--grace-period", "0"], "grace_period: Input should be greater than 0 (got 0.0)"),
-    ([*GOOD, "--lease-seconds", "-1"], "lease_seconds: Input should be greater than 0 (got -1.0)"),
+    (["two", "1"], "argument TOTAL_EPOCHS: 'two' is not a whole number"),
+    ([*GOOD, "--save-every-steps", "0"], "--save-every-steps: Input should be greater than or equal to 1 (got 0)"),
+    ([*GOOD, "--grace-period", "0"], "--grace-period: Input should be greater than 0 (got 0.0)"),
+    ([*GOOD, "--lease-seconds", "-1"], "--lease-seconds: Input should be greater than or equal to 1 (got -1.0)"),
 ])
 def test_bad_input_is_one_line_exit_2_before_any_process_group(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -57,7 +59,7 @@ def test_bad_input_exits_2_as_a_process():
     result = subprocess.run([sys.executable, "-m", "jobs.workload.train", "3", "0", "--batch_size", "4"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == "train: error: save_every: Input should be greater than or equal to 1 (got 0)\n"
+    assert result.stderr == "train: error: SAVE_EVERY: Input should be greater than or equal to 1 (got 0)\n"
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -127,10 +129,150 @@ def _read(fd: int) -> bytes:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["2", "1", "--num-workers", "0"], "ray_entry: error: --num-workers must be >= 1 (got 0)\n"),
-    (["2", "0", "--num-workers", "2"], "train: error: save_every: Input should be greater than or equal to 1 (got 0)\n"),
+    (["2", "1", "--num-workers", "0"], "ray_entry: error: --num-workers must be from 1 to 10000 (got 0)\n"),
+    (["2", "1", "--num-workers", "1_0"], "ray_entry: error: argument --num-workers: '1_0' is not a whole number\n"),
+    (["2", "1", "--num-workers", str(10**9)], "ray_entry: error: --num-workers must be from 1 to 10000 (got 1000000000)\n"),
+    (["2", "0", "--num-workers", "2"], "train: error: SAVE_EVERY: Input should be greater than or equal to 1 (got 0)\n"),
 ])
 def test_ray_entry_bad_input_exits_2_before_ray_starts(argv, message):
     result = subprocess.run([sys.executable, "-m", "jobs.workload.ray_entry", *argv],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message)
+
+
+# Classes of bad trainer input: forms that are typos (1_0, nan, inf), sizes no machine allocates, seeds torch refuses
+# an epoch later, periods a thread cannot wait, launcher variables that are not numbers or out of range.
+ARGS = [
+    (["1_0", "1"], "argument TOTAL_EPOCHS: '1_0' is not a whole number"),
+    (["2", "x"], "argument SAVE_EVERY: 'x' is not a whole number"),
+    (["2.0", "1"], "argument TOTAL_EPOCHS: '2.0' is not a whole number"),
+    (["٣", "1"], "argument TOTAL_EPOCHS: '٣' is not a whole number"),
+    (["1000001", "1"], "TOTAL_EPOCHS: Input should be less than or equal to 1000000"),
+    (["2", "1", "--batch_size", "1_6"], "argument --batch_size/--batch-size: '1_6' is not a whole number"),
+    (["2", "1", "--batch_size", str(10**12)], "--batch_size: Input should be less than or equal to 10000000"),
+    ([*GOOD, "--dataset-size", str(10**11)], "--dataset-size: Input should be less than or equal to 10000000"),
+    ([*GOOD, "--dataset-size", "0"], "--dataset-size: Input should be greater than or equal to 1"),
+    ([*GOOD, "--seed", str(2**64)], "--seed: Input should be less than or equal to 9223372036854775807"),
+    ([*GOOD, "--seed", str(2**63)], "--seed: Input should be less than or equal to"),
+    ([*GOOD, "--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
+    ([*GOOD, "--seed", "1e3"], "argument --seed: '1e3' is not a whole number"),
+    ([*GOOD, "--lr", "inf"], "argument --lr: 'inf' is not a number"),
+    ([*GOOD, "--lr", "nan"], "argument --lr: 'nan' is not a number"),
+    ([*GOOD, "--lr", "1e999"], "--lr: Input should be a finite number"),
+    ([*GOOD, "--lr", "0"], "--lr: Input should be greater than 0"),
+    ([*GOOD, "--lr", "-0.1"], "--lr: Input should be greater than 0"),
+    ([*GOOD, "--lr", "0x1"], "argument --lr: '0x1' is not a number"),
+    ([*GOOD, "--grace-period", "inf"], "argument --grace-period: 'inf' is not a number"),
+    ([*GOOD, "--grace-period", "1e10"], "--grace-period: Input should be less than or equal to 86400"),
+    ([*GOOD, "--grace-period", "-5"], "--grace-period: Input should be greater than 0"),
+    ([*GOOD, "--lease-seconds", "nan"], "argument --lease-seconds: 'nan' is not a number"),
+    ([*GOOD, "--lease-seconds", "1e12"], "--lease-seconds: Input should be less than or equal to 86400"),
+    ([*GOOD, "--lease-seconds", "0.001"], "--lease-seconds: Input should be greater than or equal to 1"),
+    ([*GOOD, "--metrics-port", "0"], "--metrics-port: Input should be greater than or equal to 1"),
+    ([*GOOD, "--metrics-port", "65536"], "--metrics-port: Input should be less than or equal to 65535"),
+    ([*GOOD, "--metrics-port", "http"], "argument --metrics-port: 'http' is not a whole number"),
+    ([*GOOD, "--save-every-steps", "1_0"], "argument --save-every-steps: '1_0' is not a whole number"),
+    ([*GOOD, "--model", "MLP"], "--model: Input should be 'linear' or 'mlp' (got 'MLP')"),
+    ([*GOOD, "--modle", "mlp"], "unrecognized arguments: --modle mlp"),
+    (["2"], "the following arguments are required: SAVE_EVERY"),
+]
+ENVIRON = [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not a whole number from 0 to"),
+    ({"RANK": "0", "WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number from 1 to"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a whole number from 1 to"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' is not a whole number"),
+    ({"RANK": "1_0", "WORLD_SIZE": "20"}, "RANK='1_0' is not a whole number"),
+    ({"RANK": " 1", "WORLD_SIZE": "2"}, "RANK=' 1' is not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "9" * 20}, "WORLD_SIZE='99999999999999999999' is not a whole number"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "x"}, "LOCAL_WORLD_SIZE='x'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "http"}, "MASTER_PORT='http' is not a whole number from 1 to 65535"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT='70000'"),
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "OMPI_COMM_WORLD_RANK=5 is not below OMPI_COMM_WORLD_SIZE=2"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, "mpirun: pass MASTER_ADDR and MASTER_PORT with -x"),
+    ({"OMP_NUM_THREADS": "4,2"}, "OMP_NUM_THREADS='4,2' is not a whole number from 1 to"),
+    ({"OMP_NUM_THREADS": "0"}, "OMP_NUM_THREADS='0'"),
+]
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "OMP_NUM_THREADS")
+
+
+def _refused_before_anything(argv, message, capsys, tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    threads = threading.active_count()
+    with pytest.raises(SystemExit) as exit_:
+        train.check_inputs([*argv, "--checkpoint-uri", str(checkpoints)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("train: error: ") and message in err, err
+    assert not torch.distributed.is_initialized() and not checkpoints.exists()
+    assert threading.active_count() == threads
+
+
+@pytest.mark.parametrize("argv, message", ARGS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_arguments_are_refused_before_any_process_group_folder_or_thread(argv, message, capsys, tmp_path):
+    _refused_before_anything(argv, message, capsys, tmp_path)
+
+
+@pytest.mark.parametrize("environ, message", ENVIRON, ids=lambda v: ",".join(f"{k}={v}" for k, v in v.items())
+                         if isinstance(v, dict) else None)
+def test_bad_launcher_variables_are_refused_before_any_process_group(environ, message, capsys, tmp_path, monkeypatch):
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    _refused_before_anything(GOOD, message, capsys, tmp_path)
+
+
+def test_a_metrics_port_in_use_is_refused_before_the_checkpoint_folder_exists(capsys, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _refused_before_anything([*GOOD, "--metrics-port", str(port)], f"--metrics-port {port}: in use", capsys,
+                                 tmp_path)
+
+
+def test_a_good_launch_environment_still_reads():
+    assert launcher_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500",
+                         "OMP_NUM_THREADS": "1"}) == DistEnv(1, 2, 0, 1)
+
+
+def test_the_largest_seed_trains_past_an_epoch():
+    """The sampler seeds every epoch with seed + epoch: the largest accepted seed still works two epochs on."""
+    result = subprocess.run([sys.executable, "-m", "jobs.workload.train", "2", "1", "--batch_size", "64",
+                             "--dataset-size", "128", "--seed", str(2**63 - 1)], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert '"event": "done", "epochs": 2' in result.stdout
+
+
+@pytest.mark.parametrize("exit_codes, status", [
+    ([1, 1], 1),  # the ranks agreed the loss diverged: final
+    ([2], 2),  # another run holds the prefix: final
+    ([143, 143], 143),  # stopped: retried
+    ([-9, 1], 137),  # a rank killed (its node went) outranks the others' crash on the broken collective
+    ([-15], 143),
+])
+def test_torchrun_as_templated_exits_with_its_workers_status(exit_codes, status):
+    from jobs.workload.torchrun import worker_status
+
+    assert worker_status(exit_codes) == status
+
+
+def test_the_launch_supervisor_needs_a_command_after_a_double_dash():
+    result = subprocess.run([sys.executable, "-m", "jobs.workload.launch", "--restarts", "2"], capture_output=True,
+                            text=True, cwd=REPO, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", "launch: error: give the command after --\n")
+
+
+@pytest.mark.parametrize("status", [0, 1, 2, 143])
+def test_the_launch_supervisor_exits_with_its_command_s_status_and_reruns_only_retryable_ones(status, tmp_path):
+    runs = tmp_path / "runs"
+    script = f"import pathlib; p = pathlib.Path({str(runs)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x'); raise SystemExit({status})"
+    result = subprocess.run([sys.executable, "-m", "jobs.workload.launch", "--restarts", "2", "--", sys.executable, "-c",
+                             script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == status
+    assert runs.read_text() == ("xxx" if status >= 128 else "x")

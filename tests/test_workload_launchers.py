@@ -52,7 +52,8 @@ def test_torchrun_checkpoints_to_s3_and_reaches_the_same_weights(torchrun_done, 
     manifest = json.loads(s3.get_object(Bucket="ckpt", Key="runs/ddp/ckpt-000000128.json")["Body"].read())
     assert manifest["data"] == "ckpt-000000128.pt" and len(manifest["sha256"]) == 64
     assert manifest["identity"] == {"model": "linear", "dataset_size": 2048, "seed": 3, "batch_size": 32,
-                                    "world_size": 2, "lr": 0.001}
+                                    "lr": 0.001, "dropout": 0.0}
+    assert manifest["world_size"] == 2
 
 
 def test_plain_python_is_world_size_1_and_resumes_to_the_same_weights(torchrun_done, tmp_path):
@@ -65,5 +66,5 @@ def test_plain_python_is_world_size_1_and_resumes_to_the_same_weights(torchrun_d
     resumed = run(python_cmd(first_half.model_copy(update={"total_epochs": 4})))
     assert trained(done_event(resumed)) == trained(uninterrupted)
     resume = next(json.loads(line) for line in resumed.stdout.splitlines() if '"resume"' in line)
-    assert resume == {"event": "resume", "epoch": 2, "step_in_epoch": 0, "global_step": 128,
+    assert resume == {"event": "resume", "epoch": 2, "epoch_samples": 0, "global_step": 128,
                       "checkpoint": str(tmp_path / "ckpt-000000128.json")}

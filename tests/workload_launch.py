@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -104,9 +105,14 @@ class FaultyProxy:
     """A TCP proxy on 127.0.0.1 in front of a server, with real network faults.
 
     ``down()`` resets every connection and refuses new ones until ``up()``; ``hold(pattern)`` stops
-    forwarding a connection once a client sends bytes containing ``pattern`` (``held`` is then set);
+    forwarding a connection once a client sends bytes matching the regular expression ``pattern`` (``held`` is
+    then set, ``held_request`` is those bytes);
     ``cut_after(pattern)`` forwards that request, drops the server's reply and goes ``down()``: the
-    request has landed, the client sees a reset and retries in vain (``cut`` is then set).
+    request has landed, the client sees a reset and retries in vain (``cut`` is then set);
+    ``fail(pattern, nth)`` answers the ``nth`` request containing ``pattern`` with an S3 error itself and
+    never forwards it (``failed_request`` is then its bytes); ``delay(pattern)`` holds the next such
+    request until ``release()``, then forwards it (``delayed`` is set while it waits). ``requests``
+    lists (request line, Content-Length) of every request forwarded.
     """
 
     def __init__(self, target_port: int):
@@ -114,9 +120,15 @@ class FaultyProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._down = threading.Event()
-        self._pattern: bytes | None = None
+        self._pattern: re.Pattern[bytes] | None = None
+        self.held_request: bytes | None = None
         self._cut_pattern: bytes | None = None
-        self.held, self.cut = threading.Event(), threading.Event()
+        self._fail: tuple[bytes, int, int, str] | None = None
+        self._delay_pattern: bytes | None = None
+        self.held, self.cut, self.delayed, self._released = (threading.Event(), threading.Event(),
+                                                             threading.Event(), threading.Event())
+        self.failed_request: bytes | None = None
+        self.requests: list[tuple[str, int]] = []
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -136,12 +148,22 @@ class FaultyProxy:
         self._down.clear()
 
     def hold(self, pattern: bytes) -> None:
-        self._pattern = pattern
+        self._pattern = re.compile(pattern)
 
     def cut_after(self, pattern: bytes) -> None:
         self._cut_pattern = pattern
 
+    def fail(self, pattern: bytes, nth: int = 1, status: int = 403, code: str = "AccessDenied") -> None:
+        self._fail = (pattern, nth, status, code)
+
+    def delay(self, pattern: bytes) -> None:
+        self._delay_pattern = pattern
+
+    def release(self) -> None:
+        self._released.set()
+
     def close(self) -> None:
+        self.release()
         self.down()
         self._listener.close()
 
@@ -158,18 +180,28 @@ class FaultyProxy:
             with self._lock:
                 self._connections += [client, server]
             marked = threading.Event()  # this connection carries the request to cut after
-            threading.Thread(target=self._pump, args=(client, server, True, marked), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False, marked), daemon=True).start()
+            answered = threading.Event()  # the proxy answered this connection's request itself
+            threading.Thread(target=self._pump, args=(client, server, True, marked, answered), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False, marked, answered), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool, marked: threading.Event) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool, marked: threading.Event,
+              answered: threading.Event) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if from_client and self._pattern and self._pattern in data:
+                if from_client and self._pattern and self._pattern.search(data):
+                    self.held_request = data
                     self.held.set()
                     return  # never forwarded: the client waits until it gives up or dies
+                if from_client and self._answered_with_error(data, source):
+                    answered.set()
+                    return
+                if from_client and self._delay_pattern and self._delay_pattern in data:
+                    self._delay_pattern = None
+                    self.delayed.set()
+                    self._released.wait()
                 if from_client and self._cut_pattern and self._cut_pattern in data:
                     self._cut_pattern = None
                     marked.set()
@@ -177,12 +209,39 @@ class FaultyProxy:
                     self.cut.set()  # the server has answered, so the request landed: the client never hears it
                     self.down()
                     return
+                if from_client:
+                    self._log(data)
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            if not (from_client and self.held.is_set()):
+            if answered.is_set():
+                (sink if from_client else source).close()
+            elif not (from_client and self.held.is_set()):
                 _reset(sink)
+
+    def _answered_with_error(self, data: bytes, client: socket.socket) -> bool:
+        if not self._fail or self._fail[0] not in data:
+            return False
+        pattern, nth, status, code = self._fail
+        if nth > 1:
+            self._fail = (pattern, nth - 1, status, code)
+            return False
+        self._fail, self.failed_request = None, data
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                '<Message>injected by the test proxy</Message></Error>').encode()
+        client.sendall(f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
+                       f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        client.shutdown(socket.SHUT_WR)
+        return True
+
+    def _log(self, data: bytes) -> None:
+        line, _, rest = data.partition(b"\r\n")
+        if line.split(b" ", 1)[0] not in (b"GET", b"PUT", b"POST", b"DELETE", b"HEAD"):
+            return  # a body, not a request
+        headers = {key.strip().lower(): value.strip() for key, _, value in
+                   (header.partition(b":") for header in rest.split(b"\r\n\r\n")[0].split(b"\r\n"))}
+        self.requests.append((line.decode(errors="replace"), int(headers.get(b"content-length", b"0") or 0)))
 
 
 def _reset(connection: socket.socket) -> None:
