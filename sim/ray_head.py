@@ -4,9 +4,11 @@ kwok runs no containers, so a RayCluster's head pod serves no dashboard. KubeRay
 ``http://<head service>.<namespace>.svc.<cluster domain>:8265/api/jobs/<id>`` with Go's default transport
 (ray-operator/controllers/ray/utils/util.go, GetRayDashboardClientFunc and FetchHeadServiceURL), which honours
 ``HTTP_PROXY``: the simulation starts KubeRay with ``HTTP_PROXY`` pointing here. A job runs from the first time it
-is asked about for as long as kwok runs a simulated training container, then succeeds, as kwok's containers exit 0
-(sim/kwok.py); in K8sJobMode KubeRay marks the RayJob Complete once its submitter Job has completed too
-(controllers/ray/rayjob_controller.go). Requests for any other host are refused: this is no general proxy.
+is asked about for as long as kwok runs a simulated training container (sim/kwok.py), then is STOPPED, never
+SUCCEEDED: no Ray job ran, and a stand-in never reports an outcome. STOPPED is terminal for KubeRay
+(ray-operator/apis/ray/v1/rayjob_types.go, IsJobTerminal), which then
+ends the RayJob and deletes its RayCluster (controllers/ray/rayjob_controller.go), freeing the nodes as a finished
+job would. Requests for any other host are refused: this is no general proxy.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ STOP = re.compile(r"^/api/jobs/([A-Za-z0-9_.-]+)/stop$")
 
 
 class Jobs:
-    """Ray jobs as the heads report them: RUNNING for as long as kwok lets a training container run, then SUCCEEDED."""
+    """Ray jobs as the heads report them: RUNNING for as long as kwok lets a training container run, then STOPPED."""
 
     def __init__(self) -> None:
         self._started: dict[str, int] = {}
@@ -44,8 +46,8 @@ class Jobs:
             started = self._started.setdefault(job_id, now)
         done = now - started >= TRAINING_RUNS_MILLISECONDS
         return {"job_id": job_id, "submission_id": job_id, "entrypoint": "", "start_time": started,
-                "status": "SUCCEEDED" if done else "RUNNING", "end_time": now if done else 0,
-                "message": "Job finished successfully." if done else "Job is currently running."}
+                "status": "STOPPED" if done else "RUNNING", "end_time": now if done else 0,
+                "message": "gpuyard sim: no Ray job ran (kwok runs no containers)" if done else "Job is running."}
 
 
 JOBS = Jobs()

@@ -60,11 +60,3 @@ def validate_manifests():
     if not VALIDATE_MANIFESTS.exists():
         pytest.skip(f"../shared is absent ({VALIDATE_MANIFESTS} not found): official CRD schemas unavailable")
     return VALIDATE_MANIFESTS
-
-
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist (`-n 2 --dist loadgroup`, as CI runs), every test that starts a simulated cluster runs on one
-    worker, one cluster at a time (the MPI Operator listens on a fixed port), while the others share the rest."""
-    for item in items:
-        if item.get_closest_marker("sim"):
-            item.add_marker(pytest.mark.xdist_group("sim"))

@@ -146,7 +146,8 @@ class MPIJob:
         launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
         command = self._port([*launcher["command"], *launcher["args"]])
         command[command.index("--metrics-port") + 1] = str(free_port())
-        self.launcher_command = [command[0], *MPI_LOOPBACK, *command[1:], *extra_args]
+        mpirun = command.index("mpirun") + 1  # the launcher's supervisor (jobs.workload.launch) runs mpirun
+        self.launcher_command = [*command[:mpirun], *MPI_LOOPBACK, *command[mpirun:], *extra_args]
         self.launcher_env = {**{e["name"]: e["value"] for e in launcher["env"]}, "MASTER_ADDR": "worker-0",
                              "MASTER_PORT": str(free_port()), "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
                              "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}

@@ -18,10 +18,11 @@ from sim import nodes, stack
 from sim.cluster import Sim
 from sim.images import build_images
 from sim.processes import zombie, alive
-from sim.submit import SubmitFailed, submit
+from sim.submit import KWOK_COMPLETED, SubmitFailed, submit
 
 pytestmark = [
     pytest.mark.sim,
+    pytest.mark.xdist_group("sim"),  # with -n 2 --dist loadgroup: one worker, one cluster at a time
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
@@ -109,17 +110,34 @@ JOBS = [pytest.param(team.name, kind, id=f"{team.name}-{kind}")
 
 
 @pytest.mark.parametrize(("team", "kind"), JOBS)
-def test_job_runs_as_a_gang_then_succeeds(sim, tmp_path, team, kind):
+def test_job_runs_as_a_gang_then_its_operator_completes_it_once_kwok_ends_its_pods_no_container_runs(sim, tmp_path,
+                                                                                                   team, kind):
+    """The gang is real (Volcano, the operator); the end is kwok's: the pods exit 0 without running anything, so this
+    checks the operator's bookkeeping, not the training (tests/test_images_containers.py runs the images)."""
     path = _rendered(tmp_path, team, kind)
     manifest = yaml.safe_load(path.read_text())
     said: list[str] = []
-    [job] = submit(sim, [path], 180, said.append, until=("running", "succeeded"))
+    [job] = submit(sim, [path], 180, said.append, until=("running", KWOK_COMPLETED))
     assert job.podgroups, said
     assert {queue for queue, _ in job.podgroups.values()} == {CONFIG.team(team).queue}, said
     assert sum(size for _, size in job.podgroups.values()) == _gang_size(manifest, len(job.pods)), said
     assert job.pods and job.bound == job.pods, said  # every pod bound: never part of a gang
-    [job] = submit(sim, [path], 180, said.append, until=("succeeded",), apply=False)
-    assert job.outcome == "succeeded", said
+    [job] = submit(sim, [path], 180, said.append, until=(KWOK_COMPLETED,), apply=False)
+    assert job.outcome == KWOK_COMPLETED, said
+    assert any("no container ran" in line for line in said), said
+
+
+def test_a_rayjobs_submitter_pod_is_admitted_and_scheduled_as_a_team_pod(sim, tmp_path):
+    """KubeRay's default submitter has no security context, scheduler or priority, which restricted Pod Security and
+    the lanes refuse (so no RayJob would submit): the rendered submitterPodTemplate is a team pod. What it runs
+    (`ray job submit`) is not tested here: kwok runs no containers."""
+    team = CONFIG.team("vision")
+    path = _rendered(tmp_path, "vision", "rayjob", name="vision-submitter")
+    submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
+    selector = "gpuyard.io/job=vision-submitter,app.kubernetes.io/component=submitter"
+    [pod] = sim.kubectl().items("pods", namespace=team.namespace, selector=selector)
+    assert pod["spec"]["schedulerName"] == "volcano" and pod["spec"].get("nodeName"), pod.get("status")
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
 def _with(path: Path, edit) -> Path:

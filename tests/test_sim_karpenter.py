@@ -30,10 +30,11 @@ from sim import karpenter
 from sim.cluster import Sim
 from sim.kube import Kubectl
 from sim.report import cluster_report
-from sim.submit import SubmitFailed, job_phase, submit
+from sim.submit import KWOK_COMPLETED, SubmitFailed, job_phase, submit
 
 pytestmark = [
     pytest.mark.sim,
+    pytest.mark.xdist_group("sim"),  # with -n 2 --dist loadgroup: one worker, one cluster at a time
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
@@ -110,7 +111,7 @@ def test_gang_scales_its_pool_from_zero_and_back(sim, tmp_path, kind):
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
     said: list[str] = []
     try:
-        [job] = submit(sim, [path], RUN, said.append, until=("running", "succeeded"))
+        [job] = submit(sim, [path], RUN, said.append, until=("running", KWOK_COMPLETED))
         assert job.pods and job.bound == job.pods, said  # pods may be gone (a finished Volcano Job's workers)
         nodes = {n["metadata"]["name"]: n for n in kubectl.items("nodes")}
         gpu_nodes = {job.nodes[pod] for pod in job.pods} & {

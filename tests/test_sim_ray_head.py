@@ -36,12 +36,13 @@ def _json(opener, url: str, body: dict | None = None) -> dict:
         return json.loads(reply.read())
 
 
-def test_a_job_runs_as_long_as_a_simulated_training_container_then_succeeds(opener):
+def test_a_job_runs_as_long_as_a_simulated_training_container_then_is_stopped_never_succeeded(opener):
     first = _json(opener, f"{HEAD}/api/jobs/vision-rayjob-x1y2z")
     assert (first["submission_id"], first["status"], first["end_time"]) == ("vision-rayjob-x1y2z", "RUNNING", 0)
     time.sleep(TRAINING_RUNS_MILLISECONDS / 1000)
     done = _json(opener, f"{HEAD}/api/jobs/vision-rayjob-x1y2z")
-    assert done["status"] == "SUCCEEDED" and done["start_time"] == first["start_time"] < done["end_time"]
+    assert done["status"] == "STOPPED" and done["start_time"] == first["start_time"] < done["end_time"]
+    assert "no Ray job ran" in done["message"]
     assert _json(opener, f"{HEAD}/api/jobs/another")["status"] == "RUNNING"
 
 

@@ -21,10 +21,11 @@ from pod_security import pod_specs
 from sim.cluster import Sim
 from sim.kube import KubectlError
 from sim.processes import alive, zombie
-from sim.submit import submit
+from sim.submit import KWOK_COMPLETED, submit
 
 pytestmark = [
     pytest.mark.sim,
+    pytest.mark.xdist_group("sim"),  # with -n 2 --dist loadgroup: one worker, one cluster at a time
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
@@ -162,6 +163,6 @@ def test_a_team_members_ordinary_jobs_run_as_gangs_in_the_team_queue(sim, tmp_pa
     path = _rendered(tmp_path, kind, name=f"nlp-member-{kind}")
     _apply(sim, path, *MEMBER, dry_run=False)
     said: list[str] = []
-    [job] = submit(sim, [path], 180, said.append, until=("running", "succeeded"), apply=False)
+    [job] = submit(sim, [path], 180, said.append, until=("running", KWOK_COMPLETED), apply=False)
     assert {queue for queue, _ in job.podgroups.values()} == {TEAM.queue}, said
     assert job.pods and job.bound == job.pods, said

@@ -25,7 +25,7 @@ import shlex
 import yaml
 
 from infra.config import Team
-from infra.conventions import GRACE_PERIOD_SECONDS
+from infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECONDS, SCHEDULER_NAME
 from jobs.render.pod import (
     container,
     helper_pod,
@@ -91,6 +91,20 @@ def worker_group(spec: JobSpec, team: Team) -> dict:
     }
 
 
+def submitter_template(spec: JobSpec, team: Team) -> dict:
+    """The K8sJobMode submitter's pod (``ray job submit``, then ``ray job logs --follow``), as a team pod must be.
+
+    KubeRay's default submitter (ray-operator/controllers/ray/common/job.go, GetDefaultSubmitterTemplate) has no
+    security context, scheduler or priority: the namespace's restricted Pod Security and the lanes' pod policy
+    (infra/admission.py) refuse it, and the RayJob would never submit. KubeRay fills in the command and the
+    dashboard address of a template whose container has none (rayjob_controller.go, getSubmitterTemplate).
+    """
+    submitter = container("ray-job-submitter", spec.image, helper_resources())
+    template = helper_pod(spec, team, "submitter", submitter, scheduler_name=SCHEDULER_NAME, restart_policy="Never")
+    template["metadata"]["annotations"][ANNOTATION_QUEUE_NAME] = team.queue
+    return template
+
+
 def render(spec: JobSpec, team: Team) -> dict:
     return {
         "apiVersion": API_VERSION,
@@ -102,6 +116,7 @@ def render(spec: JobSpec, team: Team) -> dict:
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
             "backoffLimit": 0,  # the Ray entry retries itself, never a final exit (see above)
+            "submitterPodTemplate": submitter_template(spec, team),
             "rayClusterSpec": {
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": head_group(spec, team),
