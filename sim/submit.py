@@ -19,6 +19,7 @@ from sim.kube import Kubectl, KubectlError
 
 POLL_SECONDS = 0.5
 LABEL_JOB = "gpuyard.io/job"
+LABEL_COMPONENT = "app.kubernetes.io/component"
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"  # Volcano names each pod's PodGroup here
 # kind -> kubectl resource name of the job kinds gpuyard renders
 JOB_RESOURCES = {
@@ -61,6 +62,7 @@ class Watch:
     podgroups: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (queue, minMember)
     pods: set[str] = field(default_factory=set)  # every pod seen
     nodes: dict[str, str] = field(default_factory=dict)  # every pod seen bound -> the node it was bound to
+    components: dict[str, str] = field(default_factory=dict)  # every pod seen -> its app.kubernetes.io/component
     outcome: str = ""
 
     @property
@@ -121,6 +123,7 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
                                f"unschedulable: {condition.get('message') or condition.get('reason')}")
     bound = [p for p in pods if p["spec"].get("nodeName")]
     watch.pods |= {p["metadata"]["name"] for p in pods}
+    watch.components |= {p["metadata"]["name"]: p["metadata"].get("labels", {}).get(LABEL_COMPONENT, "") for p in pods}
     events = kubectl.items("events", namespace=watch.namespace)
     # a pod may bind, run and be deleted between two looks (a Volcano Job ends its workers when the master
     # completes): the scheduler's Scheduled event stays (volcano v1.14.1 pkg/scheduler/cache/cache.go, Bind)
