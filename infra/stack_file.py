@@ -200,7 +200,7 @@ def read_config(path: Path) -> dict[str, Any]:
             raise StackFileError(f"{path}: config key {key!r} is not text (write namespace:key, e.g. gpuyard:teams)")
         namespace, colon, name = key.partition(":")
         if not colon:
-            raise StackFileError(f"{path}: config key {key!r} has no namespace (write gpuyard:{key})")
+            raise StackFileError(f"{path}: config key {key!r} has no namespace (write {'gpuyard:' + key!r})")
         if namespace not in NAMESPACES:
             raise StackFileError(f"{path}: unknown namespace in {key!r}{_suggest(namespace, NAMESPACES)}")
         known = PROVIDER_KEYS.get(namespace)
