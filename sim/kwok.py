@@ -46,10 +46,14 @@ def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
 
 def batch_jobs_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     """kwok's pod-complete, for pods of a batch/v1 Job only: it selects owners of kind ``Job``, which a Volcano Job
-    (batch.volcano.sh/v1alpha1) is too, so a Volcano Job's launcher would complete the moment it runs."""
+    (batch.volcano.sh/v1alpha1) is too, so a Volcano Job's launcher would complete the moment it runs. Our training
+    pods are left to ``training_complete``: an MPIJob's launcher and a RayJob's submitter are batch/v1 Job pods, and
+    kwok v0.8.0 picks one stage at random among those that match (pkg/utils/lifecycle/lifecycle.go), so half of the
+    launchers completed the moment they ran."""
     stage = copy.deepcopy(pod_complete)
-    stage["spec"]["selector"]["matchExpressions"].append(
-        {"key": ".metadata.ownerReferences.[].apiVersion", "operator": "In", "values": ["batch/v1"]})
+    stage["spec"]["selector"]["matchExpressions"] += [
+        {"key": ".metadata.ownerReferences.[].apiVersion", "operator": "In", "values": ["batch/v1"]},
+        {"key": f'.metadata.labels["{LABEL_PART_OF}"]', "operator": "NotIn", "values": [PART_OF]}]
     return stage
 
 
