@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from jobs.processes import stop_tree
+from jobs.processes import die_with_parent, stop_tree
 
 HOST = "127.0.0.1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -65,6 +65,7 @@ class LocalAWS:
         self._process = subprocess.Popen(
             [*_moto_command(), "-H", HOST, "-p", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS}, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         try:
             return self._wait_ready(timeout)

@@ -8,6 +8,7 @@ managers run either way.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -17,6 +18,13 @@ from pathlib import Path
 from infra.signals import signals_deferred
 
 GRACE_SECONDS = 10.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """A ``preexec_fn`` for servers: the kernel SIGTERMs the child when the thread that started it ends (prctl
+    PR_SET_PDEATHSIG), so it outlives no parent, not even a SIGKILLed one (a pytest-xdist worker)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def interrupt_on_sigterm() -> None:

@@ -7,11 +7,17 @@ import yaml
 
 from infra.config import STACKS_DIR_ENV, StackConfig, stacks_dir
 from jobs.local_aws import LocalAWS
+from jobs.processes import interrupt_on_sigterm
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 VALIDATE_MANIFESTS = SHARED / "tools" / "validate-manifests"
 ACCOUNT = "123456789012"
+
+
+def pytest_configure(config):
+    """SIGTERM ends a test run as Ctrl-C does, so fixtures still stop their servers (moto_server, clusters)."""
+    interrupt_on_sigterm()
 
 
 def ecr_registry(config: StackConfig) -> str:
