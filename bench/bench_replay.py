@@ -82,7 +82,7 @@ def main() -> None:
         os.environ[STACKS_DIR_ENV] = str(stacks)
         reports = {size: replay(size, args.speed, args.lock, Path(folder)) for size in args.sizes}
     keys = ("gangs", "admitted", "explained", "unexplained", "gpu_utilization", "wall_s", "sim_up_s", "simulated_s",
-            "gpu_hours", "idle_gpu_hours", "cost_usd", "idle_gpu_cost_usd", "reclaim_evictions")
+            "gpu_hours", "idle_gpu_hours", "cost_usd", "idle_gpu_cost_usd", "reclaim_evictions", "failed")
     largest = reports[max(reports)]
     smallest = reports[min(reports)]
     print(json.dumps({

@@ -30,8 +30,10 @@ def go_available() -> bool:
 
 
 def built(component: Component) -> Path | None:
+    """The cache folder of ``component`` if a build finished there with every binary it now names."""
     directory = bin_dir(component.name, component.version)
-    return directory if (directory / BUILD_RECORD).is_file() else None
+    complete = (directory / BUILD_RECORD).is_file() and all((directory / name).is_file() for name in component.binaries)
+    return directory if complete else None
 
 
 def _go_env() -> dict[str, str]:

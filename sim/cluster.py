@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from sim import addons, karpenter, kwok, nodes, registry, stack
-from sim.build import build_all
+from sim import addons, karpenter, kwok, monitoring, nodes, registry, stack
+from sim.build import build_all, build_component
 from sim.controlplane import ControlPlane
 from sim.kube import Kubectl, KubectlError
 from sim.paths import bin_dir, claim, claimed_by, state_dir
 from sim.processes import Supervisor
-from sim.versions import kubernetes_tag
+from sim.versions import kubernetes_tag, tools
 
 READY = "ready"  # written into the state folder once everything started
 
@@ -32,12 +32,14 @@ class NotOurs(RuntimeError):
 class Sim:
     """The simulated cluster of ``stack``, its state in ``folder`` (default: the cache's ``state/<stack>``). With
     ``karpenter`` GPU and CPU nodes come only from Karpenter (sim/karpenter.py), whose NodePools consolidate after
-    ``consolidate_after`` if given (tests) or after their own ``consolidateAfter``."""
+    ``consolidate_after`` if given (tests) or after their own ``consolidateAfter``. With ``monitoring``
+    kube-state-metrics and Prometheus evaluate the stack's showback rules (sim/monitoring.py)."""
 
     stack: str
     folder: Path | None = None
     karpenter: bool = False
     consolidate_after: str | None = None
+    monitoring: bool = False
     registry_host: str = "127.0.0.1"  # where the image registry listens (sim/registry.py)
 
     @property
@@ -71,7 +73,10 @@ class Sim:
         self._refuse_foreign()
         config = load_stack(self.stack)
         bins = build_all(config.cluster.kubernetes_version, say)
-        if self.running() and self.karpenter == ("karpenter" in self.supervisor.pids()):
+        if self.monitoring:
+            bins |= {tool.name: build_component(tool, say) for tool in tools()}
+        pids = self.supervisor.pids()
+        if self.running() and (self.karpenter, self.monitoring) == ("karpenter" in pids, "prometheus" in pids):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
         self.down()
@@ -116,6 +121,9 @@ class Sim:
         if self.karpenter:
             say("starting Karpenter with its kwok provider")
             karpenter.start_karpenter(context, resources, config.region, zones, self.consolidate_after)
+        if self.monitoring:
+            say("starting kube-state-metrics and Prometheus with the stack's showback rules")
+            say(f"Prometheus: {monitoring.start(self.supervisor, bins, self.kubeconfig, config)}")
 
     def down(self) -> None:
         """Stop every server and remove the state folder (and the folders upstream hard-codes outside it): only
@@ -146,6 +154,7 @@ class Sim:
             "stack": self.stack, "running": self.running(), "state": str(self.state),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.is_file() else None,
             "registry": images.prefix(load_stack(self.stack)) if images else None,
+            "prometheus": monitoring.recorded(self.state),
             "processes": {name: {"pid": pid, "alive": name in alive} for name, pid in recorded.items()},
         }
 

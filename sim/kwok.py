@@ -28,6 +28,23 @@ TRAINING_RUNS_MILLISECONDS = 10000
 ANNOTATION_RUNS_FOR = "gpuyard.io/sim-runs-for"
 
 
+def runs_for(manifest: dict[str, Any], duration: str) -> dict[str, Any]:
+    """``manifest`` with every pod template annotated to run ``duration`` (a Go duration) under kwok."""
+    def visit(tree: Any) -> None:
+        if isinstance(tree, dict):
+            template = tree.get("template")
+            if isinstance(template, dict) and "containers" in template.get("spec", {}):
+                template.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_RUNS_FOR] = duration
+            for value in tree.values():
+                visit(value)
+        elif isinstance(tree, list):
+            for value in tree:
+                visit(value)
+
+    visit(manifest["spec"])
+    return manifest
+
+
 def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``), after a delay:
     TRAINING_RUNS_MILLISECONDS, or the pod's ANNOTATION_RUNS_FOR."""

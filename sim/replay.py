@@ -22,30 +22,13 @@ from jobs.render import render
 from jobs.spec import SpecError, build_spec
 from sim import preflight
 from sim.kube import Kubectl, KubectlError
-from sim.kwok import ANNOTATION_RUNS_FOR
+from sim.kwok import runs_for
 from sim.replay_report import ReplayJob, gang_whole, summarize
 from sim.trace import Gang
-from sim.watch import Seen, Watch, on_event, on_node, on_pod
+from sim.watch import Seen, Watch, on_event, on_job, on_node, on_pod
 
 POLL_SECONDS = 0.2
 PLACEHOLDER_REGISTRY = "placeholder.invalid"  # nothing is pulled in the simulated cluster
-
-
-def _annotated(manifest: dict[str, Any], runs_for: str) -> dict[str, Any]:
-    """``manifest`` with every pod template annotated to run ``runs_for`` under kwok."""
-    def visit(tree: Any) -> None:
-        if isinstance(tree, dict):
-            template = tree.get("template")
-            if isinstance(template, dict) and "containers" in template.get("spec", {}):
-                template.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_RUNS_FOR] = runs_for
-            for value in tree.values():
-                visit(value)
-        elif isinstance(tree, list):
-            for value in tree:
-                visit(value)
-
-    visit(manifest["spec"])
-    return manifest
 
 
 def prepare(config: StackConfig, gangs: list[Gang], speed: float, nodepools: dict[str, dict]) -> list[ReplayJob]:
@@ -62,7 +45,7 @@ def prepare(config: StackConfig, gangs: list[Gang], speed: float, nodepools: dic
                 config, config.team(gang.team), gang.kind, name=job.name, nodes=gang.nodes,
                 gpus_per_node=gang.gpus_per_node, capacity_type=gang.capacity_type, node_pool=gang.node_pool,
                 efa_devices=gang.efa), pools)
-            manifest = _annotated(render(spec, config.team(gang.team)), f"{gang.duration_s / speed:.3f}s")
+            manifest = runs_for(render(spec, config.team(gang.team)), f"{gang.duration_s / speed:.3f}s")
             preflight.check([manifest], nodepools)
         except (SpecError, preflight.WontFit) as error:
             job.refused = str(error)
@@ -78,9 +61,13 @@ def consolidation(speed: float) -> str:
     return f"{max(stack_value / speed, 1):.0f}s"
 
 
+JOB_RESOURCES = ("pytorchjobs.kubeflow.org", "mpijobs.kubeflow.org", "jobs.batch.volcano.sh")  # trace.REPLAYED_KINDS
+
+
 def _finished(seen: Seen, job: ReplayJob) -> bool:
+    """Every pod ended, and some succeeded or the operator failed the job (it starts no more)."""
     with seen.lock:
-        return bool(seen.succeeded.get(job.name)) and not seen.live.get(job.name)
+        return bool(seen.succeeded.get(job.name) or job.name in seen.failed) and not seen.live.get(job.name)
 
 
 def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable[[str], None],
@@ -96,7 +83,8 @@ def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable
     seen, t0 = Seen(), time.monotonic()
     watches = [Watch(kubectl, "pods", lambda t, k, o: on_pod(seen, t, k, o), t0),
                Watch(kubectl, "nodes", lambda t, k, o: on_node(seen, t, k, o), t0),
-               Watch(kubectl, "events", lambda t, k, o: on_event(seen, t, k, o), t0, "--field-selector=reason=Evict")]
+               Watch(kubectl, "events", lambda t, k, o: on_event(seen, t, k, o), t0, "--field-selector=reason=Evict"),
+               *(Watch(kubectl, resource, lambda t, k, o: on_job(seen, t, k, o), t0) for resource in JOB_RESOURCES)]
     for watch in watches:
         watch.start()
     try:

@@ -70,7 +70,8 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
     by_job: dict[str, list[Holding]] = {}
     for holding in seen.pods.values():
         by_job.setdefault(holding.job, []).append(holding)
-    teams = {team.name: {"gangs": 0, "admitted": 0, "explained": 0, "waits": [], "reclaim_evictions": 0,
+    teams = {team.name: {"gangs": 0, "admitted": 0, "explained": 0, "failed": 0, "waits": [],
+                         "reclaim_evictions": 0,
                          "gpu_hours": 0.0, "idle_gpu_hours": 0.0, "cost_usd": 0.0} for team in config.teams}
     explanations = []
     for job in jobs:
@@ -80,6 +81,7 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
         admitted, idle = gang_whole(holdings, job.pods, end) if job.pods else (None, 0.0)
         team["idle_gpu_hours"] += idle * hours
         team["reclaim_evictions"] += len(seen.evicted.get(job.name, ()))
+        team["failed"] += job.name in seen.failed
         for holding in holdings:
             held = (holding.end if holding.end is not None else end) - holding.start
             team["gpu_hours"] += holding.requests.get(GPU_RESOURCE, 0.0) * held * hours
@@ -115,6 +117,7 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
         "gpu_hours": round(held * hours, 2), "idle_gpu_hours": round((gpu_node_seconds - held) * hours, 2),
         "cost_usd": round(node_cost, 2), "idle_gpu_cost_usd": round(idle_cost, 2),
         "reclaim_evictions": sum(t["reclaim_evictions"] for t in teams.values()),
+        "failed": sum(t["failed"] for t in teams.values()),
         "teams": {},
         "explanations": explanations,
     }

@@ -106,13 +106,16 @@ IMAGE_COMPONENTS = (
 )
 
 
-# Built for the tests, not run by `gpuyard sim`: promtool (`promtool test rules`, tests/test_showback_rules.py) from
-# the Prometheus module, which tags Prometheus v3.16.0 as v0.316.0. `remove_all_sd` leaves out every service discovery
-# plugin but file and http (plugins/*.go build constraints): promtool's rule tests need none.
-PROMETHEUS = Component("prometheus", "v0.316.0", {"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
-                       tags=("remove_all_sd",))
+# Monitoring: built by CI for the tests and by `gpuyard sim up --monitoring` (sim/monitoring.py) on demand.
+# Prometheus and promtool (`promtool test rules`, tests/test_showback_rules.py) from the Prometheus module, which
+# tags Prometheus v3.16.0 as v0.316.0; `remove_all_sd` leaves out every service discovery plugin but file and http
+# (plugins/*.go build constraints): the simulation scrapes static targets. kube-state-metrics at the version the Go
+# module proxy serves (sim/go/kube-state-metrics/go.mod).
+PROMETHEUS = Component("prometheus", "v0.316.0", {name: f"github.com/prometheus/prometheus/cmd/{name}"
+                                                  for name in ("prometheus", "promtool")}, tags=("remove_all_sd",))
+KUBE_STATE_METRICS = Component("kube-state-metrics", "v2.19.1", {"kube-state-metrics": "k8s.io/kube-state-metrics/v2"})
 
 
 def tools() -> tuple[Component, ...]:
     """What CI builds besides the simulated cluster (``python -m sim.build``)."""
-    return (PROMETHEUS,)
+    return (PROMETHEUS, KUBE_STATE_METRICS)

@@ -54,6 +54,7 @@ class Seen:
     succeeded: dict[str, int] = field(default_factory=dict)  # job -> pods that succeeded
     nodes: dict[str, NodeLife] = field(default_factory=dict)
     evicted: dict[str, set[str]] = field(default_factory=dict)  # job -> pods evicted by reclaim
+    failed: dict[str, str] = field(default_factory=dict)  # job -> how its operator ended it: it runs no more pods
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -97,6 +98,24 @@ def on_node(seen: Seen, now: float, kind: str, node: dict[str, Any]) -> None:
         seen.nodes[meta["name"]] = NodeLife(meta["name"], instance_type, node_pool(node)[1] or
                                             labels.get(LABEL_CAPACITY_TYPE, ""), shape.price if shape else 0.0,
                                             allocatable, now)
+
+
+# A job its operator gave up on: a Volcano Job's terminal phases but Completed (volcano.sh/apis v1.14 pkg/apis/batch/
+# v1alpha1/job.go JobPhase; a gang restarted maxRetry times after reclaim evictions ends Failed), a Kubeflow job's
+# Failed condition (kubeflow/training-operator v1.9.4 pkg/apis/kubeflow.org/v1/common_types.go JobFailed; MPI Operator
+# v0.8.0 pkg/apis/kubeflow/v2beta1/types.go JobFailed).
+VOLCANO_FAILED = ("Failed", "Aborted", "Terminated")
+
+
+def on_job(seen: Seen, now: float, kind: str, job: dict[str, Any]) -> None:
+    status = job.get("status") or {}
+    phase = (status.get("state") or {}).get("phase")
+    failed = phase if phase in VOLCANO_FAILED else next(
+        ("Failed" for c in status.get("conditions") or [] if c.get("type") == "Failed" and c.get("status") == "True"),
+        None)
+    if failed and kind != "DELETED":
+        with seen.lock:
+            seen.failed[job["metadata"]["name"]] = failed
 
 
 def on_event(seen: Seen, now: float, kind: str, event: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from sim.kwok import ANNOTATION_RUNS_FOR
 from sim.nodes import SHAPES
 from sim.replay import prepare
 from sim.replay_report import ReplayJob, percentile, summarize
-from sim.watch import Holding, NodeLife, Seen
+from sim.watch import Holding, NodeLife, Seen, on_job
 from sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
 
 DEV = load_stack("dev")
@@ -114,6 +114,7 @@ def test_summarize_waits_costs_idle_and_utilization():
         nodes={"n1": NodeLife("n1", "g6.xlarge", "on-demand", price, node, 0, 161),
                "n2": NodeLife("n2", "g6.xlarge", "on-demand", price, node, 0, None)},
         evicted={"nlp-0001": {"c"}},
+        failed={"nlp-0001": "Failed"},
     )
     report = summarize(DEV, jobs, seen, end=211, speed=10)
     hours = 10 / 3600
@@ -122,6 +123,7 @@ def test_summarize_waits_costs_idle_and_utilization():
     assert (vision["admitted"], nlp["admitted"], nlp["explained"], report["unexplained"]) == (1, 1, 1, 0)
     assert vision["gpu_hours"] == round(200 * hours, 2) and nlp["idle_gpu_hours"] == round(10 * hours, 2)
     assert nlp["reclaim_evictions"] == 1 and nlp["gpu_utilization"] == round(1 - 10 / 110, 4)
+    assert (vision["failed"], nlp["failed"], report["failed"]) == (0, 1, 1)
     assert vision["cost_usd"] == round(200 * price * hours, 2)
     assert report["gpu_utilization"] == round(310 / (161 + 211), 4)
     assert report["idle_gpu_hours"] == round((161 + 211 - 310) * hours, 2)
@@ -161,3 +163,19 @@ def test_kwok_completes_a_pod_after_the_duration_it_is_annotated_with(tmp_path):
     delay = stages["gpuyard-training-complete"]["spec"]["delay"]
     assert delay["durationMilliseconds"] == TRAINING_RUNS_MILLISECONDS
     assert delay["durationFrom"] == {"jq": {"expression": f'.metadata.annotations["{ANNOTATION_RUNS_FOR}"]'}}
+
+
+@pytest.mark.parametrize(("job", "failed"), [
+    ({"kind": "Job", "status": {"state": {"phase": "Failed"}, "retryCount": 3}}, "Failed"),
+    ({"kind": "Job", "status": {"state": {"phase": "Restarting"}}}, None),
+    ({"kind": "Job", "status": {"state": {"phase": "Completed"}}}, None),
+    ({"kind": "PyTorchJob", "status": {"conditions": [{"type": "Running", "status": "False"},
+                                                      {"type": "Failed", "status": "True"}]}}, "Failed"),
+    ({"kind": "MPIJob", "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}, None),
+    ({"kind": "MPIJob"}, None),
+])
+def test_a_job_its_operator_failed_counts_as_finished(job, failed):
+    """A gang Volcano restarted maxRetry times (reclaim) ends Failed with no pod left: the replay stops waiting."""
+    seen = Seen()
+    on_job(seen, 1.0, "MODIFIED", {**job, "metadata": {"name": "nlp-0001"}})
+    assert seen.failed.get("nlp-0001") == failed

@@ -4,6 +4,7 @@ operators, with kwok nodes shaped like the stack's pools. Builds the components 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,15 @@ import yaml
 
 from conftest import with_registry
 from infra.config import load_stack
+from infra.conventions import GPU_RESOURCE
 from infra.plan import plan
+from infra.prices import on_demand_price
 from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
-from sim import nodes, stack
+from sim import monitoring, nodes, stack
 from sim.cluster import Sim
 from sim.images import build_images
+from sim.kwok import runs_for
 from sim.processes import zombie, alive
 from sim.submit import KWOK_COMPLETED, SubmitFailed, submit
 
@@ -31,8 +35,9 @@ CONFIG = with_registry(load_stack(STACK))  # images from the stack's ECR registr
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """The dev stack's simulated cluster, started once for this module (the Karpenter tests start their own)."""
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
+    """The dev stack's simulated cluster with its monitoring, started once for this module (the Karpenter tests start
+    their own)."""
+    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state", monitoring=True)
     cluster.up(print)
     yield cluster
     started = cluster.supervisor.pids()
@@ -140,6 +145,35 @@ def test_a_rayjobs_submitter_pod_is_admitted_and_scheduled_as_a_team_pod(sim, tm
     [pod] = sim.kubectl().items("pods", namespace=team.namespace, selector=selector)
     assert pod["spec"]["schedulerName"] == "volcano" and pod["spec"].get("nodeName"), pod.get("status")
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_showback_rules_charge_a_running_gang_to_its_job_from_live_scrapes(sim, tmp_path):
+    """kube-state-metrics watches the cluster and Prometheus evaluates the stack's own rules (once a minute, as on
+    EKS): a running gang's GPUs and its cost per hour (each node's on-demand price per GPU) reach its job. GPU use
+    is absent, not zero: kwok nodes have no GPU and no DCGM exporter."""
+    path = _rendered(tmp_path, "nlp", "volcanojob", name="nlp-showback", nodes=2, gpus_per_node=1)
+    path.write_text(yaml.safe_dump(runs_for(yaml.safe_load(path.read_text()), "600s")))
+    kubectl, url = sim.kubectl(), monitoring.recorded(sim.state)
+    try:
+        submit(sim, [path], 180, print, until=("running",))
+        nodes_by_name = {node["metadata"]["name"]: node for node in kubectl.items("nodes")}
+        held: dict[str, int] = {}
+        for pod in kubectl.items("pods", namespace=CONFIG.team("nlp").namespace, selector="gpuyard.io/job=nlp-showback"):
+            gpus = sum(int(c["resources"].get("requests", {}).get(GPU_RESOURCE, 0)) for c in pod["spec"]["containers"])
+            if gpus:
+                held[pod["spec"]["nodeName"]] = held.get(pod["spec"]["nodeName"], 0) + gpus
+        cost = sum(gpus * on_demand_price(nodes_by_name[node]["metadata"]["labels"]["node.kubernetes.io/instance-type"])
+                   / int(nodes_by_name[node]["status"]["allocatable"][GPU_RESOURCE]) for node, gpus in held.items())
+        job = '{gpuyard_job="nlp-showback", team="nlp"}'
+        deadline = time.monotonic() + 240  # two rule groups, each evaluated once a minute
+        while not (found := monitoring.query(url, f"gpuyard:job_cost_usd_per_hour{job}")) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert found and float(found[0]["value"][1]) == pytest.approx(cost), (found, held)
+        [allocated] = monitoring.query(url, f"gpuyard:job_gpus_allocated{job}")
+        assert float(allocated["value"][1]) == sum(held.values()) == 2
+        assert monitoring.query(url, f"gpuyard:job_gpus_used{job}") == []
+    finally:
+        kubectl.run("delete", "-f", str(path), "--wait=false")
 
 
 def _with(path: Path, edit) -> Path:

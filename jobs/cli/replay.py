@@ -79,15 +79,15 @@ def table(report: dict) -> list[str]:
     lines = [f"stack {report['stack']}: {report['gangs']} gangs, {report['admitted']} admitted, "
              f"{report['explained']} explained, {report['unexplained']} unexplained; {report['simulated_s'] / 3600:.1f}h "
              f"simulated in {report['wall_s']:.0f}s ({report['speed']:g}x)",
-             f"{'team':16} {'gangs':>5} {'ran':>5} {'wait p50':>9} {'wait p95':>9} {'evicted':>7} {'GPU-h':>9} "
+             f"{'team':16} {'gangs':>5} {'ran':>5} {'failed':>6} {'wait p50':>9} {'wait p95':>9} {'evicted':>7} {'GPU-h':>9} "
              f"{'idle GPU-h':>10} {'util':>6} {'USD':>10}"]
     for name, team in report["teams"].items():
         util = "-" if team["gpu_utilization"] is None else f"{team['gpu_utilization']:.0%}"
-        lines.append(f"{name:16} {team['gangs']:>5} {team['admitted']:>5} {_hours(team['wait_p50_s']):>9} "
+        lines.append(f"{name:16} {team['gangs']:>5} {team['admitted']:>5} {team['failed']:>6} {_hours(team['wait_p50_s']):>9} "
                      f"{_hours(team['wait_p95_s']):>9} {team['reclaim_evictions']:>7} {team['gpu_hours']:>9.1f} "
                      f"{team['idle_gpu_hours']:>10.1f} {util:>6} {team['cost_usd']:>10,.0f}")
     util = "-" if report["gpu_utilization"] is None else f"{report['gpu_utilization']:.0%}"
-    lines.append(f"{'cluster':16} {report['gangs']:>5} {report['admitted']:>5} {'':>9} {'':>9} "
+    lines.append(f"{'cluster':16} {report['gangs']:>5} {report['admitted']:>5} {report['failed']:>6} {'':>9} {'':>9} "
                  f"{report['reclaim_evictions']:>7} {report['gpu_hours']:>9.1f} {report['idle_gpu_hours']:>10.1f} "
                  f"{util:>6} {report['cost_usd']:>10,.0f}")
     lines += [f"  not run: {e['gang']} ({e['gpus']} GPUs): {e['reason'] or 'no reason reported'}"

@@ -27,13 +27,13 @@ app.command("replay")(replay.replay_command)
 app.add_typer(replay.trace_app, name="trace")
 
 
-def _sim(stack: str, karpenter: bool = False, needs_go: bool = False):
+def _sim(stack: str, karpenter: bool = False, needs_go: bool = False, monitoring: bool = False):
     from sim.build import go_available
     from sim.cluster import Sim
 
     if needs_go and not go_available():
         fail("gpuyard sim builds its components with Go: no `go` on PATH", 1)
-    return Sim(stack, karpenter=karpenter)
+    return Sim(stack, karpenter=karpenter, monitoring=monitoring)
 
 
 def _running(stack: str):
@@ -47,13 +47,15 @@ def _running(stack: str):
 def up(
     stack: str = STACK,
     karpenter: bool = typer.Option(False, "--karpenter", help="GPU and CPU nodes only from Karpenter's NodePools."),
+    with_monitoring: bool = typer.Option(False, "--monitoring",
+                                         help="kube-state-metrics and Prometheus with the stack's showback rules."),
 ) -> None:
     """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
     from sim.build import BuildError
     from sim.cluster import NotOurs
 
     try:
-        kubeconfig = _sim(stack, karpenter, needs_go=True).up(lambda line: typer.echo(line, err=True))
+        kubeconfig = _sim(stack, karpenter, needs_go=True, monitoring=with_monitoring).up(lambda line: typer.echo(line, err=True))
     except ConfigError as error:
         fail(str(error))
     except (BuildError, NotOurs, RuntimeError) as error:
@@ -110,6 +112,8 @@ def status(stack: str = STACK, as_json: bool = typer.Option(False, "--json", hel
     typer.echo(f"sim {stack}: {'running' if report['running'] else 'not running'} ({report['state']})")
     if report["registry"]:
         typer.echo(f"  images: {report['registry']}")
+    if report["prometheus"]:
+        typer.echo(f"  prometheus: {report['prometheus']}")
     for name, process in report["processes"].items():
         typer.echo(f"  {name:28} pid {process['pid']:>7}  {'alive' if process['alive'] else 'exited'}")
     if report["running"]:
