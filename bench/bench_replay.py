@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from infra.config import STACKS_DIR_ENV, load_stack, stack_file
+from jobs.processes import interrupt_on_sigterm
 from sim.cluster import Sim
 from sim.replay import consolidation, run
 from sim.trace import synthetic_trace
@@ -75,6 +76,7 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=144.0, help="cluster seconds per wall second (a day: 10 min)")
     parser.add_argument("--lock", type=Path, help="flock this file around each replay")
     args = parser.parse_args()
+    interrupt_on_sigterm()  # a SIGTERM stops the simulated cluster too (Sim.down in replay's finally)
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as folder:
         stacks = Path(folder) / "stacks"
         stacks.mkdir()
