@@ -38,10 +38,11 @@ class Component:
     ldflags: tuple[str, ...] = ()
     patches: tuple[Patch, ...] = ()
     tags: tuple[str, ...] = ()  # Go build tags
+    module: str = ""  # the folder under sim/go when it is not ``name`` (components built from one module of ours)
 
     @property
     def module_dir(self) -> Path:
-        return GO_DIR / self.name
+        return GO_DIR / (self.module or self.name)
 
 
 def kubernetes_tag(minor: str) -> str:
@@ -104,6 +105,25 @@ IMAGE_COMPONENTS = (
     Component("buildkit", "v0.34.2", {name: f"github.com/moby/buildkit/cmd/{name}" for name in ("buildkitd", "buildctl")}),
     Component("registry", "v3.1.2", {"registry": "github.com/distribution/distribution/v3/cmd/registry"}),
 )
+
+
+def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
+    """What a real node of `gpuyard sim up --real-nodes` runs besides runc (IMAGE_COMPONENTS): the kubelet and
+    kube-proxy from the control plane's module and tag, containerd, and the CNI plugins that put pods on the bridge."""
+    tag = kubernetes_tag(kubernetes_minor)
+    cni = ("ipam/host-local", "main/bridge", "main/loopback")
+    return (
+        Component("kubernetes-node", tag, {name: f"k8s.io/kubernetes/cmd/{name}" for name in ("kubelet", "kube-proxy")},
+                  kubernetes_ldflags(tag), module="kubernetes"),
+        # no_btrfs: the btrfs snapshotter needs libbtrfs headers (cmd/containerd/builtins/btrfs_linux.go); pods use
+        # overlayfs. Built like every other component rather than Debian's containerd 1.6 (past its end of life).
+        Component("containerd", "v2.4.2", {
+            name: f"github.com/containerd/containerd/v2/cmd/{name}" for name in ("containerd", "containerd-shim-runc-v2")
+        }, tags=("no_btrfs",)),
+        Component("cni-plugins", "v1.10.0", {
+            path.split("/")[1]: f"github.com/containernetworking/plugins/plugins/{path}" for path in cni
+        }),
+    )
 
 
 # Monitoring: built by CI for the tests and by `gpuyard sim up --monitoring` (sim/monitoring.py) on demand.
