@@ -119,3 +119,10 @@ if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what C
     for tool in tools():
         if not only or tool.name in only:
             build_component(tool, print)
+    if not only or "realnode" in only:  # what real nodes need besides the cluster (`gpuyard sim up --real-nodes`)
+        from sim import pause
+        from sim.versions import node_components
+
+        for component in node_components(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version):
+            build_component(component, print)
+        print(f"pause image layer from {pause.fetch().name}")

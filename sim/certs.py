@@ -122,3 +122,16 @@ def create(directory: Path, dns_names: tuple[str, ...] = (), ca_names: tuple[str
     pki.service_account_pub.write_bytes(account_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pki
+
+
+def client(pki: Pki, stem: str, common_name: str, organization: str) -> tuple[Path, Path]:
+    """A client certificate and key (``pki/<stem>.crt``, ``.key``) for ``common_name`` in group ``organization``,
+    signed by the cluster's CA: a kubelet's is ``system:node:<name>`` in ``system:nodes`` (the Node authorizer)."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_name = x509.load_pem_x509_certificate(pki.ca.read_bytes()).subject
+    key = _key()
+    cert_path, key_path = pki.directory / f"{stem}.crt", pki.directory / f"{stem}.key"
+    _write_key(key_path, key)
+    _write_cert(cert_path, _certificate(_name(common_name, organization), key, ca_name, ca_key, ca=False,
+                                        usage=[ExtendedKeyUsageOID.CLIENT_AUTH]))
+    return cert_path, key_path

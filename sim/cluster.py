@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from sim import addons, karpenter, kwok, monitoring, nodes, registry, stack
+from sim import addons, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
 from sim.build import build_all, build_component
 from sim.controlplane import ControlPlane
 from sim.kube import Kubectl, KubectlError
 from sim.paths import bin_dir, claim, claimed_by, state_dir
 from sim.processes import Supervisor
-from sim.versions import kubernetes_tag, tools
+from sim.versions import kubernetes_tag, node_components, tools
 
 READY = "ready"  # written into the state folder once everything started
 
@@ -33,7 +33,9 @@ class Sim:
     """The simulated cluster of ``stack``, its state in ``folder`` (default: the cache's ``state/<stack>``). With
     ``karpenter`` GPU and CPU nodes come only from Karpenter (sim/karpenter.py), whose NodePools consolidate after
     ``consolidate_after`` if given (tests) or after their own ``consolidateAfter``. With ``monitoring``
-    kube-state-metrics and Prometheus evaluate the stack's showback rules (sim/monitoring.py)."""
+    kube-state-metrics and Prometheus evaluate the stack's showback rules (sim/monitoring.py). With ``real_nodes``
+    that many of the stack's GPU nodes are real kubelets running real containers (sim/realnode.py), the others
+    kwok's."""
 
     stack: str
     folder: Path | None = None
@@ -41,6 +43,7 @@ class Sim:
     consolidate_after: str | None = None
     monitoring: bool = False
     registry_host: str = "127.0.0.1"  # where the image registry listens (sim/registry.py)
+    real_nodes: int = 0
 
     @property
     def state(self) -> Path:
@@ -75,8 +78,11 @@ class Sim:
         bins = build_all(config.cluster.kubernetes_version, say)
         if self.monitoring:
             bins |= {tool.name: build_component(tool, say) for tool in tools()}
+        if self.real_nodes:
+            bins |= {c.name: build_component(c, say) for c in node_components(config.cluster.kubernetes_version)}
         pids = self.supervisor.pids()
-        if self.running() and (self.karpenter, self.monitoring) == ("karpenter" in pids, "prometheus" in pids):
+        if self.running() and (self.karpenter, self.monitoring, self.real_nodes) == (
+                "karpenter" in pids, "prometheus" in pids, sum(name.startswith("kubelet-") for name in pids)):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
         self.down()
@@ -95,16 +101,23 @@ class Sim:
         self.state.mkdir(parents=True, exist_ok=True)
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok")
         control.start(kwok.write_config(self.state / "kwok.yaml"), (addons.TRAINING_OPERATOR_SERVICE,),
-                      (addons.TRAINING_OPERATOR_CA,))
+                      (addons.TRAINING_OPERATOR_CA,), kubelets=bool(self.real_nodes))
         kubectl = Kubectl(bins["kubernetes"] / "kubectl", self.kubeconfig)
         say(f"starting the image registry on {self.registry_host}")
-        registry.start(self.supervisor, bins["registry"] / registry.NAME, self.registry_host)
+        images = registry.start(self.supervisor, bins["registry"] / registry.NAME, self.registry_host)
         resources = plan(self.stack).resources
         pools = nodes.pools(resources, karpenter=self.karpenter)
         zones = [f"{config.region}{letter}" for letter in "abcdef"[: config.network.az_count]]
         node_list = list(nodes.node_manifests(pools, config.region, zones))
-        say(f"creating {len(node_list)} nodes: " + ", ".join(f"{p.name} {p.count}" for p in pools))
-        kubectl.apply(node_list)
+        real = realnode.real_manifests(node_list, self.real_nodes)
+        names = {n["metadata"]["name"] for n in real}
+        say(f"creating {len(node_list)} nodes: " + ", ".join(f"{p.name} {p.count}" for p in pools)
+            + (f" ({', '.join(sorted(names))} real)" if real else ""))
+        kubectl.apply(n for n in node_list if n["metadata"]["name"] not in names)
+        if real:
+            say(f"starting {len(real)} real nodes (containerd, kubelet)")
+            realnode.start_all(self.state, real, bins, control.pki, control.server(), images.address,
+                               pause.push(images), kubectl, self.supervisor)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor)
         for name, start in addons.STARTS.items():
             if name in bins:
@@ -132,6 +145,7 @@ class Sim:
             return
         self._refuse_foreign()
         self.supervisor.stop_all()
+        realnode.stop_all(self.state)
         for path in addons.outside_folders(self.state):
             if claimed_by(path, self.state):
                 shutil.rmtree(path, ignore_errors=True)

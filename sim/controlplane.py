@@ -63,9 +63,12 @@ class ControlPlane:
         }
         self.kubeconfig.write_text(yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False))
 
-    def start(self, kwok_config: Path, webhook_services: tuple[str, ...] = (), ca_names: tuple[str, ...] = ()) -> None:
+    def start(self, kwok_config: Path, webhook_services: tuple[str, ...] = (), ca_names: tuple[str, ...] = (),
+              kubelets: bool = False) -> None:
         """Start every server (ports chosen now) and wait until the API server is ready; the serving certificate
-        is also valid for ``webhook_services`` (in-cluster names some operators check their certificate for)."""
+        is also valid for ``webhook_services`` (in-cluster names some operators check their certificate for). With
+        ``kubelets`` (real nodes) the API server reaches kubelets at their InternalIP with the admin's certificate
+        (logs, exec)."""
         self.state.mkdir(parents=True, exist_ok=True)
         pki = certs.create(self.state / "pki", webhook_services, ca_names)
         names = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
@@ -92,6 +95,8 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
             f"--cert-dir={self.state / 'pki'}",
+            *([f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}",
+               "--kubelet-preferred-address-types=InternalIP"] if kubelets else []),
         ])
         self.wait_ready()
         common = [f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false",

@@ -27,13 +27,13 @@ app.command("replay")(replay.replay_command)
 app.add_typer(replay.trace_app, name="trace")
 
 
-def _sim(stack: str, karpenter: bool = False, needs_go: bool = False, monitoring: bool = False):
+def _sim(stack: str, karpenter: bool = False, needs_go: bool = False, monitoring: bool = False, real_nodes: int = 0):
     from sim.build import go_available
     from sim.cluster import Sim
 
     if needs_go and not go_available():
         fail("gpuyard sim builds its components with Go: no `go` on PATH", 1)
-    return Sim(stack, karpenter=karpenter, monitoring=monitoring)
+    return Sim(stack, karpenter=karpenter, monitoring=monitoring, real_nodes=real_nodes)
 
 
 def _running(stack: str):
@@ -49,13 +49,17 @@ def up(
     karpenter: bool = typer.Option(False, "--karpenter", help="GPU and CPU nodes only from Karpenter's NodePools."),
     with_monitoring: bool = typer.Option(False, "--monitoring",
                                          help="kube-state-metrics and Prometheus with the stack's showback rules."),
+    real_nodes: bool = typer.Option(False, "--real-nodes",
+                                    help="The stack's first GPU node is a real kubelet (containerd, runc) running real "
+                                         "containers; needs root and cgroup v1."),
 ) -> None:
     """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
     from sim.build import BuildError
     from sim.cluster import NotOurs
 
     try:
-        kubeconfig = _sim(stack, karpenter, needs_go=True, monitoring=with_monitoring).up(lambda line: typer.echo(line, err=True))
+        kubeconfig = _sim(stack, karpenter, needs_go=True, monitoring=with_monitoring, real_nodes=int(real_nodes)).up(
+            lambda line: typer.echo(line, err=True))
     except ConfigError as error:
         fail(str(error))
     except (BuildError, NotOurs, RuntimeError) as error:

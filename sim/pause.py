@@ -1,0 +1,95 @@
+"""The pod sandbox ("pause") image of the real nodes, pushed to the sim's registry: the public one
+(registry.k8s.io/pause) cannot be pulled here. Its one layer is Debian's busybox-static (`apt-get download`, cached),
+its entrypoint `busybox sleep`: a sandbox's process only holds the pod's namespaces until containerd kills it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from sim.paths import cache_root
+from sim.registry import Registry
+
+REPOSITORY = "gpuyard-sim/pause"
+PACKAGE = "busybox-static"
+ENTRYPOINT = ["/bin/busybox", "sleep", "2147483647"]
+
+
+def fetch() -> Path:
+    """Debian's busybox-static package, downloaded once into the cache (`python -m sim.build` does it, outside
+    any network namespace a test runs in)."""
+    folder = cache_root() / "pause"
+    folder.mkdir(parents=True, exist_ok=True)
+    debs = sorted(folder.glob(f"{PACKAGE}_*.deb"))
+    if not debs:
+        result = subprocess.run(["apt-get", "download", PACKAGE], cwd=folder, capture_output=True, text=True)
+        debs = sorted(folder.glob(f"{PACKAGE}_*.deb"))
+        if not debs:
+            raise RuntimeError(f"apt-get download {PACKAGE} failed: {result.stderr.strip()}")
+    return debs[-1]
+
+
+def _busybox() -> bytes:
+    tree = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(fetch())], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
+        return archive.extractfile("./bin/busybox").read()
+
+
+def _layer(busybox: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        folder = tarfile.TarInfo("bin")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+        archive.addfile(folder)
+        member = tarfile.TarInfo("bin/busybox")
+        member.size, member.mode = len(busybox), 0o755
+        archive.addfile(member, io.BytesIO(busybox))
+    return buffer.getvalue()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _push_blob(registry: Registry, data: bytes) -> dict:
+    """The OCI distribution spec's monolithic upload (POST, then PUT with the digest)."""
+    digest = _digest(data)
+    start = urllib.request.Request(f"http://{registry.address}/v2/{REPOSITORY}/blobs/uploads/", method="POST")
+    with urllib.request.urlopen(start, timeout=30) as response:
+        location = response.headers["Location"]
+    if location.startswith("/"):
+        location = f"http://{registry.address}{location}"
+    separator = "&" if "?" in location else "?"
+    upload = urllib.request.Request(f"{location}{separator}digest={digest}", data=data, method="PUT",
+                                    headers={"Content-Type": "application/octet-stream"})
+    urllib.request.urlopen(upload, timeout=60).close()
+    return {"digest": digest, "size": len(data)}
+
+
+def push(registry: Registry) -> str:
+    """Push the pause image (unless its tag is there); returns its reference."""
+    layer = _layer(_busybox())
+    tag = "in-" + hashlib.sha256(layer).hexdigest()[:20]
+    reference = f"{registry.address}/{REPOSITORY}:{tag}"
+    if registry.manifest(REPOSITORY, tag) is not None:
+        return reference
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux", "config": {"Entrypoint": ENTRYPOINT},
+        "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+    }).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **_push_blob(registry, config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **_push_blob(registry, layer)}],
+    }).encode()
+    request = urllib.request.Request(f"http://{registry.address}/v2/{REPOSITORY}/manifests/{tag}", data=manifest,
+                                     method="PUT",
+                                     headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    urllib.request.urlopen(request, timeout=30).close()
+    return reference
