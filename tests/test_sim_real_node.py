@@ -109,10 +109,10 @@ def test_a_ddp_pod_from_the_sims_registry_trains_to_completion_on_the_real_node(
         },
     }])
     pod = _wait_for_end(kubectl, "ddp")
-    logs = kubectl.run("logs", "ddp", "-n", "default")
-    print(logs[-3000:])
     terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated", {})
     assert pod["status"]["phase"] == "Succeeded" and terminated.get("exitCode") == 0, json.dumps(pod["status"])[-3000:]
+    logs = kubectl.run("logs", "ddp", "-n", "default")
+    print(logs[-3000:])
     assert pod["spec"]["nodeName"] == NODE and pod["status"]["podIP"].startswith("10.244.0.")
     done = _done(logs)
     # the same command on this machine's torch, outside any container, trains to the same weights
