@@ -207,6 +207,7 @@ def _stopped_on_signal(sim: Sim) -> Iterator[None]:
         yield
     except BaseException:
         sim.supervisor.stop_all()
+        realnode.stop_all(sim.state)  # a real node's shims and containers are no server of the supervisor's
         raise
     finally:
         for sig, handler in previous.items():
