@@ -123,6 +123,7 @@ if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what C
         from sim import pause
         from sim.versions import node_components
 
-        for component in node_components(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version):
+        stack_config = load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev")
+        for component in node_components(stack_config.cluster.kubernetes_version):
             build_component(component, print)
         print(f"pause image layer from {pause.fetch().name}")

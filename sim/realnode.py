@@ -250,8 +250,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
                                env={"PATH": path})
         socket = f"{RUN}/containerd.sock"
-        _wait(lambda: subprocess.run(["nsenter", f"--target={pid}", "--mount", "--", "test", "-S", socket]).returncode == 0,
-              60, f"containerd of {self.name}", lambda: supervisor.check(f"containerd-{self.name}"))
+        in_namespace = ["nsenter", f"--target={pid}", "--mount", "--", "test", "-S", socket]
+        _wait(lambda: subprocess.run(in_namespace).returncode == 0, 60, f"containerd of {self.name}",
+              lambda: supervisor.check(f"containerd-{self.name}"))
         kubelet = [str(bins["kubernetes-node"] / "kubelet"), f"--config={self.folder / 'kubelet.yaml'}",
                    f"--kubeconfig={self.folder / 'kubelet.kubeconfig'}", f"--root-dir={self.folder / 'kubelet'}",
                    f"--hostname-override={self.name}", f"--node-ip={self.address}"]

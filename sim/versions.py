@@ -116,10 +116,9 @@ def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
         Component("kubernetes-node", tag, {name: f"k8s.io/kubernetes/cmd/{name}" for name in ("kubelet", "kube-proxy")},
                   kubernetes_ldflags(tag), module="kubernetes"),
         # no_btrfs: the btrfs snapshotter needs libbtrfs headers (cmd/containerd/builtins/btrfs_linux.go); pods use
-        # overlayfs. Built like every other component rather than Debian's containerd 1.6 (past its end of life).
-        Component("containerd", "v2.4.2", {
-            name: f"github.com/containerd/containerd/v2/cmd/{name}" for name in ("containerd", "containerd-shim-runc-v2")
-        }, tags=("no_btrfs",)),
+        # overlayfs. Pinned and built like every other component, rather than Debian's older containerd 1.6.
+        Component("containerd", "v2.4.2", {name: f"github.com/containerd/containerd/v2/cmd/{name}"
+                                           for name in ("containerd", "containerd-shim-runc-v2")}, tags=("no_btrfs",)),
         Component("cni-plugins", "v1.10.0", {
             path.split("/")[1]: f"github.com/containernetworking/plugins/plugins/{path}" for path in cni
         }),
