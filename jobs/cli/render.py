@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import json
 import re
+import shlex
 import shutil
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from jobs.spec import (
     MAX_RESTARTS,
     SpecError,
     build_spec,
+    parse_command,
     parse_env,
     parse_nodes,
 )
@@ -93,6 +96,23 @@ def trainer_env(items: list[str]) -> dict[str, str] | None:
     return env or None
 
 
+def command_argument():
+    return typer.Argument(None, metavar="[-- SCRIPT.py ARGS... | -- -m MODULE ARGS...]", show_default=False,
+                          help="Your command for every rank [default: the reference trainer].")
+
+
+def user_command(words: list[str] | None) -> list[str] | None:
+    """The words after ``--``, checked; None without ``--`` (click drops ``--`` itself, so argv says whether it was
+    there: ``gpuyard render ... --`` alone is an empty command, an error)."""
+    if not words and "--" not in sys.argv[1:]:
+        return None
+    try:
+        parse_command(words or [])
+    except SpecError as error:
+        fail(str(error))
+    return list(words or [])
+
+
 def ttl_seconds(text: str | None) -> int | None:
     if text is None:
         return None
@@ -142,8 +162,12 @@ def render_command(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", metavar="FILE",
                                            help="With --explain: the cluster whose queue to read [default: "
                                            "$KUBECONFIG]."),
+    command: list[str] | None = command_argument(),
 ) -> None:
-    """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir."""
+    """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir.
+
+    After --, your own command replaces the reference trainer: every rank runs it under the kind's launcher."""
+    command = user_command(command)
     out_dir = checked_output_dir(output_dir) if output_dir is not None else None
     for flag, value in (("--name", name), ("--node-pool", node_pool), ("--image", image), ("--team", team)):
         if value is not None and not value.strip():
@@ -152,10 +176,14 @@ def render_command(
         given = [_flag(ctx, param) for param in SIZING if _given(ctx, param)]
         if given:
             fail(f"--all renders every team and kind at the default sizes and images: drop {given[0]}")
+        if command is not None:
+            fail(f"--all renders the reference trainer: drop the command after -- ({shlex.join(command) or 'empty'})")
     elif not team or not kind:
         fail("--team and --kind are required (or --all)")
     if explain and (all_ or out_dir is not None):
         fail("--explain explains one job: drop --all/--output-dir")
+    if command is not None and _given(ctx, "epochs"):
+        fail("--epochs is the reference trainer's: pass your command its own arguments after --")
     if efa and not gpus_per_node:
         fail("--efa needs GPU nodes (--gpus-per-node > 0)")
     if image:
@@ -180,6 +208,7 @@ def render_command(
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool,
                 image=image or (EXPLAIN_IMAGE if explain else None),
                 max_restarts=max_restarts, ttl_seconds_after_finished=ttl_seconds(ttl), env=trainer_env(env),
+                command=command,
             ))]
         if explain:
             return _explain(config, specs[0], output, kubeconfig)
