@@ -1,5 +1,6 @@
 """`gpuyard render ... -- COMMAND`: the user's command in every kind, every gpuyard setting kept, bad input refused."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jobs.command import contract
 from jobs.render import render, to_yaml
 from jobs.spec import KINDS
 from render_helpers import STACK, make_spec, pod_templates
@@ -123,3 +125,49 @@ def test_a_bad_command_is_one_line_exit_2_and_nothing_written(tmp_path, command,
 def test_reference_trainer_options_with_a_command_are_refused(flags, message):
     result = gpuyard("--stack", "dev", *flags, "--", "train.py")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def rank_env(manifest: dict) -> dict[str, str]:
+    """The variables every training process of a manifest gets from it (mpirun's ranks only what it exports)."""
+    def env_of(container: dict) -> dict[str, str]:
+        return {item["name"]: item["value"] for item in container.get("env", [])}
+
+    if manifest["kind"] == "TrainJob":
+        return env_of(manifest["spec"]["trainer"])
+    if manifest["kind"] == "RayJob":
+        return env_of(manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])
+    if manifest["kind"] in ("MPIJob", "Job"):
+        launcher = next(pod for role, _, pod in pod_templates(manifest) if role in ("launcher", "mpimaster"))
+        container = launcher["spec"]["containers"][0]
+        exported = {word for before, word in zip(container["command"], container["command"][1:]) if before == "-x"}
+        return {name: value for name, value in env_of(container).items() if name in exported}
+    return env_of(manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("capacity", ["on-demand", "spot"])
+def test_every_kind_gives_its_ranks_the_same_contract(kind, capacity):
+    """Job, team, the team's checkpoint prefix plus the job, the metrics port, and the time from a rank's SIGTERM to
+    its SIGKILL: the pod's grace, a third of it under mpirun (which forwards SIGTERM a third in)."""
+    spec = make_spec(kind, name="vision-own", capacity_type=capacity, command=COMMANDS["script"])
+    grace = {"on-demand": 300, "spot": 90}[capacity]
+    env = rank_env(render(spec, STACK.team("vision")))
+    assert {name: env.get(name) for name in contract.VARIABLES} == {
+        contract.JOB_NAME: "vision-own", contract.TEAM: "vision",
+        contract.CHECKPOINT_URI: "s3://yard-checkpoints/teams/vision/vision-own",
+        contract.GRACE_PERIOD_SECONDS: str(grace // 3 if kind in ("mpijob", "volcanojob") else grace),
+        contract.METRICS_PORT: "9464",
+    }
+
+
+def test_default_names_and_checkpoint_folders_are_new_for_every_submission():
+    jobs = []
+    for _ in range(2):
+        result = gpuyard("--stack", "dev", "--team", "nlp", "--kind", "pytorchjob", "--", "train_ddp.py")
+        assert result.returncode == 0, result.stderr
+        jobs.append(yaml.safe_load(result.stdout))
+    names = [job["metadata"]["name"] for job in jobs]
+    assert names[0] != names[1] and all(re.fullmatch(r"nlp-pytorchjob-[a-z0-9]{5}", name) for name in names)
+    folders = [job["metadata"]["annotations"]["gpuyard.io/checkpoint-uri"] for job in jobs]
+    assert folders[0] != folders[1] and all(folder.endswith(f"/{name}") for folder, name in zip(folders, names))
+    assert [rank_env(job)[contract.CHECKPOINT_URI] for job in jobs] == folders

@@ -6,7 +6,9 @@ import enum
 import json
 import re
 import shlex
+import secrets
 import shutil
+import string
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -47,6 +49,7 @@ class CapacityType(str, enum.Enum):
 MAX_NODES = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TTL = timedelta(days=30)
+NAME_SUFFIX = string.ascii_lowercase + string.digits
 EXPLAIN_IMAGE = "placeholder.invalid/explain"  # --explain renders nothing: the image is never shown or used
 # What --all decides itself: every team, every kind, default sizes and images.
 SIZING = ("team", "kind", "name", "nodes", "gpus_per_node", "cpu", "memory_gib", "efa", "capacity_type", "node_pool",
@@ -96,6 +99,11 @@ def trainer_env(items: list[str]) -> dict[str, str] | None:
     return env or None
 
 
+def unique_name(team: str, kind: str) -> str:
+    """A default job name no teammate's submission shares (nor its checkpoint folder): 36**5 suffixes."""
+    return f"{team}-{kind}-{''.join(secrets.choice(NAME_SUFFIX) for _ in range(5))}"
+
+
 def command_argument():
     return typer.Argument(None, metavar="[-- SCRIPT.py ARGS... | -- -m MODULE ARGS...]", show_default=False,
                           help="Your command for every rank [default: the reference trainer].")
@@ -128,7 +136,8 @@ def render_command(
     team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),
     kind: Kind | None = typer.Option(None, "--kind", help="Job kind."),
     all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
-    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label; default <team>-<kind>)."),
+    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label) [default: "
+                                    "<team>-<kind>-<random>, new each time]."),
     nodes: str = typer.Option(str(DEFAULT_NODES), "--nodes", metavar="N|MIN:MAX",
                               help="Nodes, or MIN:MAX for an elastic PyTorchJob."),
     gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", parser=count(0, 16), metavar="N",
@@ -203,7 +212,8 @@ def render_command(
         else:
             min_nodes, max_nodes = node_range(nodes, kind.value)
             specs = [place(config, build_spec(
-                config, _team(config, team), kind.value, name=name, nodes=max_nodes, min_nodes=min_nodes,
+                config, _team(config, team), kind.value, name=name or unique_name(team, kind.value),
+                nodes=max_nodes, min_nodes=min_nodes,
                 gpus_per_node=gpus_per_node, capacity_type=capacity_type.value, epochs=epochs, cpu=cpu,
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool,
                 image=image or (EXPLAIN_IMAGE if explain else None),
