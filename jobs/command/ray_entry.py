@@ -5,9 +5,10 @@
 
 The reference entry (``jobs.workload.ray_entry``) runs the trainer inside the Ray Train workers; a user's
 script instead runs as a child of each worker, with torchrun's variables (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``) and a ``MASTER_PORT`` of its own, which rank 0
-picks and sends over the process group Ray Train has set up (Ray's own store keeps its port). Every
-rank's lines reach the driver, prefixed ``[rank N]``, so ``ray job logs`` and ``kubectl logs`` show them.
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and a ``MASTER_ADDR``/``MASTER_PORT`` of its own: rank 0's node and a
+free port there, which rank 0 sends over the process group Ray Train has set up (whose store keeps its own
+port). Every rank's lines reach the driver, prefixed ``[rank N]``, so ``ray job logs`` and ``kubectl logs``
+show them.
 
 Stops and retries are the reference entry's (its ``Driver``): a SIGTERM to the driver or a leaving pod's
 preStop hook (``jobs.workload.ray_stop``) sets the stop flag, each worker passes SIGTERM to its child

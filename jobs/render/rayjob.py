@@ -54,7 +54,8 @@ def entrypoint(spec: JobSpec) -> str:
         return shlex.join(["python", "-m", spec.module, *spec.args, "--max-restarts", str(spec.max_restarts)])
     workers = str(spec.nodes * spec.procs_per_node)
     return shlex.join([
-        "python", "-m", RAY_ENTRY_MODULE, "--num-workers", workers, "--use-gpu" if spec.gpus_per_node else "--no-use-gpu",
+        "python", "-m", RAY_ENTRY_MODULE,
+        "--num-workers", workers, "--use-gpu" if spec.gpus_per_node else "--no-use-gpu",
         "--max-restarts", str(spec.max_restarts), "--grace-period", str(GRACE_PERIOD_SECONDS[spec.capacity_type]),
         "--", *spec.program, *spec.args,
     ])
