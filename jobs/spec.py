@@ -74,6 +74,11 @@ DEFAULT_EPOCHS = 10
 DEFAULT_SAVE_EVERY = 2
 DEFAULT_TTL_SECONDS = 3600
 
+# What may follow ``--``: ``-m package.module`` or a relative path to a Python file inside the image's working
+# folder (no ``..``, no leading ``-``, which the launchers would read as an option).
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+SCRIPT_PATH = r"^(?!-)(?!.*(^|/)\.\.(/|$))[^/\x00-\x1f][^\x00-\x1f]*\.py$"
+
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -85,9 +90,9 @@ class JobSpec(BaseModel):
     """A complete, scheduler-agnostic training job.
 
     ``nodes`` is the job's size; with ``min_nodes < nodes`` it is elastic between the two.
-    ``module`` and ``args`` are what every launcher runs (``torchrun -m``, ``mpirun python -m``,
-    ``ray job submit -- python -m``); by default the reference trainer and
-    ``TrainArgs(...).to_argv()``.
+    ``program`` (``-m module`` or a ``script``) and ``args`` are what every launcher runs per rank
+    (``torchrun``, ``mpirun python3``, the Ray entry); by default the reference trainer and
+    ``TrainArgs(...).to_argv()``, else the user's command after ``gpuyard render ... --``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -102,7 +107,8 @@ class JobSpec(BaseModel):
     memory_gib: Annotated[int, Field(ge=1)]
     efa_devices: Annotated[int, Field(ge=0, le=32)] = 0
     image: Annotated[str, Field(min_length=1)]
-    module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")]
+    module: Annotated[str, Field(pattern=MODULE_NAME)] | None = None
+    script: str | None = None
     args: tuple[str, ...]
     env: dict[EnvName, str] = {}
     checkpoint_uri: str
@@ -125,6 +131,10 @@ class JobSpec(BaseModel):
         limit = MAX_NAME.get(self.kind)
         if limit and len(self.name) > limit:
             raise ValueError(f"name {self.name!r} has {len(self.name)} characters: a {self.kind} name has at most {limit}")
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give the job either a module or a script to run")
+        if self.script is not None and not re.fullmatch(SCRIPT_PATH, self.script):
+            raise ValueError(f"script {self.script!r} is not a relative path to a .py file without '..'")
         if self.min_nodes > self.nodes:
             raise ValueError(f"elastic min nodes {self.min_nodes} > max nodes {self.nodes}")
         if self.elastic and self.kind not in ELASTIC_KINDS:
@@ -141,6 +151,16 @@ class JobSpec(BaseModel):
     @property
     def elastic(self) -> bool:
         return self.min_nodes < self.nodes
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        """What ``python`` runs per rank, before ``args``: ``("-m", module)`` or ``(script,)``."""
+        return ("-m", self.module) if self.module else (self.script,)
+
+    @property
+    def user_command(self) -> bool:
+        """Whether the job runs the user's own command rather than the reference trainer (or its Ray entry)."""
+        return self.module not in (TRAIN_MODULE, RAY_MODULE)
 
     @property
     def procs_per_node(self) -> int:
@@ -177,6 +197,24 @@ def parse_env(items: list[str]) -> dict[str, str]:
             raise SpecError(f"{key} is set twice ({key}={env[key]!r}, {key}={value!r}): set it once")
         env[key] = value
     return env
+
+
+def parse_command(command: list[str]) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """The words after ``--`` as (module, script, args): ``-m MODULE ARGS...`` or ``SCRIPT.py ARGS...``."""
+    forms = "SCRIPT.py ARGS... or -m MODULE ARGS..."
+    if not command:
+        raise SpecError(f"nothing after --: give the command every rank runs, {forms}")
+    first, *rest = command
+    if first == "-m":
+        if not rest or not re.fullmatch(MODULE_NAME, rest[0]):
+            shown = f"-- -m {rest[0]!r}" if rest else "-- -m"
+            raise SpecError(f"{shown}: -m takes a module name such as train or mypkg.train")
+        return rest[0], None, tuple(rest[1:])
+    if first.startswith("/"):
+        raise SpecError(f"-- {first}: the script path must be relative to the image's working folder, e.g. train.py")
+    if not re.fullmatch(SCRIPT_PATH, first):
+        raise SpecError(f"-- {first!r}: expected {forms} (a relative path to a .py file, without '..')")
+    return None, first, tuple(rest)
 
 
 def default_image(config: StackConfig, team: Team, kind: Kind) -> str:
@@ -217,9 +255,12 @@ def build_spec(
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     capacity_type: CapacityType = "on-demand",
     epochs: int = DEFAULT_EPOCHS,
+    command: list[str] | None = None,
     **fields,
 ) -> JobSpec:
-    """A JobSpec for ``team`` with every unset field defaulted; raises SpecError (one line)."""
+    """A JobSpec for ``team`` with every unset field defaulted; raises SpecError (one line).
+
+    ``command`` (the words after ``--``) replaces the reference trainer and its arguments."""
     if kind not in KINDS:
         raise SpecError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
     if kind not in stack_kinds(config):
@@ -227,8 +268,10 @@ def build_spec(
     name = name or f"{team.name}-{kind}"
     ckpt = fields.pop("checkpoint_uri", None) or checkpoint_uri(config, team, name)
     args = tuple(trainer_args(ckpt, epochs, grace_period=GRACE_PERIOD_SECONDS[capacity_type]).to_argv())
-    module = TRAIN_MODULE
-    if kind == "rayjob":
+    module, script = TRAIN_MODULE, None
+    if command is not None:
+        module, script, args = parse_command(command)
+    elif kind == "rayjob":
         module = RAY_MODULE
         # explicit: the Ray driver runs on the CPU-only head pod, so it cannot detect the workers' GPUs
         args += ("--num-workers", str(nodes * (gpus_per_node or 1)), "--use-gpu" if gpus_per_node else "--no-use-gpu")
@@ -238,7 +281,8 @@ def build_spec(
         "gpus_per_node": gpus_per_node,
         "cpu": CPU_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_CPU,
         "memory_gib": MEMORY_GIB_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_MEMORY_GIB,
-        "image": fields.pop("image", None) or default_image(config, team, kind), "module": module, "args": args,
+        "image": fields.pop("image", None) or default_image(config, team, kind), "module": module, "script": script,
+        "args": args,
         "checkpoint_uri": ckpt, "capacity_type": capacity_type,
         "node_pool": default_node_pool(gpus_per_node, capacity_type, fields.get("efa_devices") or 0),
     }

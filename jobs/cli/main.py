@@ -8,7 +8,7 @@ import traceback
 import typer
 
 from infra.validation import one_line
-from jobs.cli import demo, env, images, plan, render, sim
+from jobs.cli import demo, env, follow, images, plan, render, sim
 from jobs.cli.errors import USAGE_EXIT, usage_without_command
 from jobs.cli.options import gpuyard_version
 from jobs.processes import interrupt_on_sigterm
@@ -27,6 +27,12 @@ app = typer.Typer(
 app.command("demo")(demo.demo)
 app.command("plan")(plan.plan_command)
 app.command("render")(render.render_command)
+app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    follow.submit_command)
+app.command("status")(follow.status_command)
+app.command("list")(follow.list_command)
+app.command("cancel")(follow.cancel_command)
+app.command("logs")(follow.logs_command)
 app.add_typer(env.app, name="env")
 app.add_typer(images.app, name="images")
 app.add_typer(sim.app, name="sim")

@@ -5,7 +5,11 @@ from __future__ import annotations
 import enum
 import json
 import re
+import shlex
+import secrets
 import shutil
+import string
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +33,7 @@ from jobs.spec import (
     MAX_RESTARTS,
     SpecError,
     build_spec,
+    parse_command,
     parse_env,
     parse_nodes,
 )
@@ -44,6 +49,7 @@ class CapacityType(str, enum.Enum):
 MAX_NODES = 10_000
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TTL = timedelta(days=30)
+NAME_SUFFIX = string.ascii_lowercase + string.digits
 EXPLAIN_IMAGE = "placeholder.invalid/explain"  # --explain renders nothing: the image is never shown or used
 # What --all decides itself: every team, every kind, default sizes and images.
 SIZING = ("team", "kind", "name", "nodes", "gpus_per_node", "cpu", "memory_gib", "efa", "capacity_type", "node_pool",
@@ -93,6 +99,28 @@ def trainer_env(items: list[str]) -> dict[str, str] | None:
     return env or None
 
 
+def unique_name(team: str, kind: str) -> str:
+    """A default job name no teammate's submission shares (nor its checkpoint folder): 36**5 suffixes."""
+    return f"{team}-{kind}-{''.join(secrets.choice(NAME_SUFFIX) for _ in range(5))}"
+
+
+def command_argument():
+    return typer.Argument(None, metavar="[-- SCRIPT.py ARGS... | -- -m MODULE ARGS...]", show_default=False,
+                          help="Your command for every rank [default: the reference trainer].")
+
+
+def user_command(words: list[str] | None) -> list[str] | None:
+    """The words after ``--``, checked; None without ``--`` (click drops ``--`` itself, so argv says whether it was
+    there: ``gpuyard render ... --`` alone is an empty command, an error)."""
+    if not words and "--" not in sys.argv[1:]:
+        return None
+    try:
+        parse_command(words or [])
+    except SpecError as error:
+        fail(str(error))
+    return list(words or [])
+
+
 def ttl_seconds(text: str | None) -> int | None:
     if text is None:
         return None
@@ -108,7 +136,8 @@ def render_command(
     team: str | None = typer.Option(None, "--team", help="Team (from gpuyard:teams) submitting the job."),
     kind: Kind | None = typer.Option(None, "--kind", help="Job kind."),
     all_: bool = typer.Option(False, "--all", help="Every kind for every team, default sizes."),
-    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label; default <team>-<kind>)."),
+    name: str | None = typer.Option(None, "--name", help="Job name (DNS-1035 label) [default: "
+                                    "<team>-<kind>-<random>, new each time]."),
     nodes: str = typer.Option(str(DEFAULT_NODES), "--nodes", metavar="N|MIN:MAX",
                               help="Nodes, or MIN:MAX for an elastic PyTorchJob."),
     gpus_per_node: int = typer.Option(DEFAULT_GPUS_PER_NODE, "--gpus-per-node", parser=count(0, 16), metavar="N",
@@ -142,8 +171,12 @@ def render_command(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", envvar="KUBECONFIG", metavar="FILE",
                                            help="With --explain: the cluster whose queue to read [default: "
                                            "$KUBECONFIG]."),
+    command: list[str] | None = command_argument(),
 ) -> None:
-    """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir."""
+    """Render job manifests: YAML (or JSON) on stdout, or one file per manifest in --output-dir.
+
+    After --, your own command replaces the reference trainer: every rank runs it under the kind's launcher."""
+    command = user_command(command)
     out_dir = checked_output_dir(output_dir) if output_dir is not None else None
     for flag, value in (("--name", name), ("--node-pool", node_pool), ("--image", image), ("--team", team)):
         if value is not None and not value.strip():
@@ -152,10 +185,14 @@ def render_command(
         given = [_flag(ctx, param) for param in SIZING if _given(ctx, param)]
         if given:
             fail(f"--all renders every team and kind at the default sizes and images: drop {given[0]}")
+        if command is not None:
+            fail(f"--all renders the reference trainer: drop the command after -- ({shlex.join(command) or 'empty'})")
     elif not team or not kind:
         fail("--team and --kind are required (or --all)")
     if explain and (all_ or out_dir is not None):
         fail("--explain explains one job: drop --all/--output-dir")
+    if command is not None and _given(ctx, "epochs"):
+        fail("--epochs is the reference trainer's: pass your command its own arguments after --")
     if efa and not gpus_per_node:
         fail("--efa needs GPU nodes (--gpus-per-node > 0)")
     if image:
@@ -175,11 +212,13 @@ def render_command(
         else:
             min_nodes, max_nodes = node_range(nodes, kind.value)
             specs = [place(config, build_spec(
-                config, _team(config, team), kind.value, name=name, nodes=max_nodes, min_nodes=min_nodes,
+                config, _team(config, team), kind.value, name=name or unique_name(team, kind.value),
+                nodes=max_nodes, min_nodes=min_nodes,
                 gpus_per_node=gpus_per_node, capacity_type=capacity_type.value, epochs=epochs, cpu=cpu,
                 memory_gib=memory_gib, efa_devices=efa, node_pool=node_pool,
                 image=image or (EXPLAIN_IMAGE if explain else None),
                 max_restarts=max_restarts, ttl_seconds_after_finished=ttl_seconds(ttl), env=trainer_env(env),
+                command=command,
             ))]
         if explain:
             return _explain(config, specs[0], output, kubeconfig)

@@ -7,6 +7,7 @@ Remote ranks start from sshd with a clean environment, so mpirun exports the
 rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
 """
 
+from jobs.command import MPI_RANK_MODULE
 from jobs.render.pod import container, helper_resources, metrics_port, trainer_env, trainer_resources
 from jobs.spec import JobSpec
 from jobs.workload.args import LAUNCH_MODULE
@@ -30,7 +31,7 @@ def launcher_env(spec: JobSpec, master_addr: str) -> dict[str, str]:
 
 
 def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None = None) -> list[str]:
-    """mpirun over ``nodes x procs_per_node`` slots up to the trainer module (its args follow).
+    """mpirun over ``nodes x procs_per_node`` slots up to the program (its args follow).
 
     ``hosts`` lists the workers when no hostfile is provided (Volcano); the MPI Operator
     points mpirun at its own hostfile.
@@ -41,7 +42,15 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
         command += ["--host", ",".join(f"{host}:{spec.procs_per_node}" for host in hosts)]
     for name in (*env, *IRSA_ENV, *IMAGE_ENV):
         command += ["-x", name]
-    return [*command, "python3", "-m", spec.module]
+    return [*command, "python3", *rank_program(spec)]
+
+
+def rank_program(spec: JobSpec) -> list[str]:
+    """What each rank's python runs: the reference trainer reads mpirun's ranks itself, a user's command gets
+    torchrun's variables through ``jobs.command.mpi_rank``."""
+    if spec.user_command:
+        return ["-m", MPI_RANK_MODULE, *spec.program]
+    return list(spec.program)
 
 
 def wait_for_sshd(hosts: list[str], port: int = SSH_PORT, seconds: int = SSHD_WAIT_SECONDS) -> list[str]:

@@ -38,6 +38,7 @@ from infra.conventions import (
     container_security,
     pod_security,
 )
+from jobs.command import contract
 from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
 SHM_VOLUME = "dshm"
@@ -96,8 +97,31 @@ def shutdown_env(spec: JobSpec) -> dict[str, str]:
     return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace), "OMPI_MCA_odls_base_sigkill_timeout": str(grace // 3)}
 
 
+MPI_KINDS = ("mpijob", "volcanojob")
+
+
+def rank_grace_seconds(spec: JobSpec) -> int:
+    """How long a training process has from its SIGTERM to its SIGKILL: the pod's grace under torchrun (which
+    forwards at once and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT) and Ray (RAY_JOB_STOP_WAIT_TIME_S), a third of it
+    under mpirun, which forwards a third in and SIGKILLs a third later (``shutdown_env``)."""
+    grace = GRACE_PERIOD_SECONDS[spec.capacity_type]
+    return grace // 3 if spec.kind in MPI_KINDS else grace
+
+
+def contract_env(spec: JobSpec) -> dict[str, str]:
+    """The job's contract with its processes (``jobs.command.contract``), the same in every kind."""
+    return {
+        contract.JOB_NAME: spec.name,
+        contract.TEAM: spec.team,
+        contract.CHECKPOINT_URI: spec.checkpoint_uri,
+        contract.GRACE_PERIOD_SECONDS: str(rank_grace_seconds(spec)),
+        contract.METRICS_PORT: str(METRICS_PORT),
+    }
+
+
 def trainer_env(spec: JobSpec) -> dict[str, str]:
-    """NCCL (and EFA) settings on GPU jobs, the launchers' shutdown timeouts, then the spec's own env, which wins."""
+    """NCCL (and EFA) settings on GPU jobs, the launchers' shutdown timeouts, the contract, then the spec's own env,
+    which wins."""
     env: dict[str, str] = {}
     if spec.gpus_per_node:
         env.update(NCCL_ENV)
@@ -106,6 +130,7 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
         if not spec.node_group:  # no huge pages reserved on Karpenter nodes: libfabric uses regular pages
             env["FI_EFA_USE_HUGE_PAGE"] = "0"
     env.update(shutdown_env(spec))
+    env.update(contract_env(spec))
     env.update(spec.env)
     return env
 

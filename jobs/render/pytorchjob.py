@@ -39,7 +39,7 @@ def rdzv_host(spec: JobSpec) -> str:
 
 
 def torchrun_command(spec: JobSpec, team: Team) -> list[str]:
-    """torchrun (its status the workers') up to the trainer module; the trainer's arguments follow as container args."""
+    """torchrun (its status the workers') up to the program; its arguments follow as container args."""
     nnodes = f"{spec.min_nodes}:{spec.nodes}" if spec.elastic else str(spec.nodes)
     return [
         "python3",
@@ -51,8 +51,7 @@ def torchrun_command(spec: JobSpec, team: Team) -> list[str]:
         f"--rdzv-endpoint={rdzv_host(spec)}:{RDZV_PORT}",
         f"--rdzv-id={rdzv_id(spec, team)}",
         "--max-restarts=0",
-        "-m",
-        spec.module,
+        *spec.program,
     ]
 
 

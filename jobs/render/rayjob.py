@@ -26,6 +26,7 @@ import yaml
 
 from infra.config import Team
 from infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECONDS, SCHEDULER_NAME
+from jobs.command import RAY_ENTRY_MODULE
 from jobs.render.pod import (
     container,
     helper_pod,
@@ -48,7 +49,16 @@ RAY_METRICS_PORT = "8080"
 
 
 def entrypoint(spec: JobSpec) -> str:
-    return shlex.join(["python", "-m", spec.module, *spec.args, "--max-restarts", str(spec.max_restarts)])
+    """The reference Ray entry with the trainer's arguments, or the command entry running the user's command."""
+    if not spec.user_command:
+        return shlex.join(["python", "-m", spec.module, *spec.args, "--max-restarts", str(spec.max_restarts)])
+    workers = str(spec.nodes * spec.procs_per_node)
+    return shlex.join([
+        "python", "-m", RAY_ENTRY_MODULE,
+        "--num-workers", workers, "--use-gpu" if spec.gpus_per_node else "--no-use-gpu",
+        "--max-restarts", str(spec.max_restarts), "--grace-period", str(GRACE_PERIOD_SECONDS[spec.capacity_type]),
+        "--", *spec.program, *spec.args,
+    ])
 
 
 def runtime_env(spec: JobSpec) -> str:

@@ -37,7 +37,7 @@ def trainer(spec: JobSpec) -> dict:
     """torchrun gets nodes, ranks and the master from the runtime's ``PET_*`` env."""
     return {
         "image": spec.image,
-        "command": ["python3", "-m", TORCHRUN_MODULE, "--max-restarts=0", "-m", spec.module],
+        "command": ["python3", "-m", TORCHRUN_MODULE, "--max-restarts=0", *spec.program],
         "args": list(spec.args),
         "env": env_list(trainer_env(spec)),
         "numNodes": spec.nodes,
