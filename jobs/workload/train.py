@@ -32,11 +32,13 @@ from jobs.workload import dist
 from jobs.workload.args import TrainArgs, exit_on_bad_args
 from jobs.workload.checkpoint import Checkpointer, IdentityMismatch
 from jobs.workload.data import build_loader, build_model, synthetic_dataset, weights_sha256
+from jobs.workload.engine import ShardedCheckpointer
 from jobs.workload.interrupt import AGREE_SECONDS, GraceBudget, GraceWatch, StepAgreement, StopRequest, Verdict
 from jobs.workload.lease import Lease, LeaseHeld
 from jobs.workload.manager import CheckpointManager, Resumed, ResumeFailed, SaveSchedule
 from jobs.workload.metrics import PortInUse, TrainMetrics, check_port
 from jobs.workload.progress import Reporter
+from jobs.workload.sharded import ShardedCheckpointManager
 from jobs.workload.state import RankRNG, TrainProgress
 from jobs.workload.storage import Storage, StorageError, open_storage
 
@@ -209,7 +211,7 @@ class Trainer:
     def _finish(self) -> Outcome:
         done = {"event": "done", "epochs": self.progress.epoch, "global_step": self.progress.global_step,
                 "weights_sha256": weights_sha256(self.module), "checkpoint": None}
-        if not self.checkpoints.saver:
+        if not self.checkpoints.publishes:
             return Outcome(done)
         self.checkpoints.wait()
         done["checkpoint"] = self.checkpoints.durable
@@ -247,14 +249,20 @@ def build_trainer(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, t
     rng = RankRNG(args.seed, env.rank, dist.device(env))
     rng.reseed()
     watch = GraceWatch(GraceBudget(args.grace_period), telemetry.emit)
-    checkpointer = None
-    if storage:
-        checkpointer = Checkpointer(storage, identity(args),
-                                    emit=lambda event: (telemetry.emit(event), watch.observe(event)),
-                                    guard=lease.confirm if lease else lambda: None)
-    checkpoints = CheckpointManager(checkpointer, SaveSchedule(args.save_every, args.save_every_steps), env,
-                                    reseed=rng.reseed)
+    checkpoints = checkpoint_manager(args, env, storage, lambda event: (telemetry.emit(event), watch.observe(event)),
+                                     lease, rng.reseed)
     return Trainer(model, loader, optimizer, rng, checkpoints, watch, telemetry, env, stop or StopRequest(), lease)
+
+
+def checkpoint_manager(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, emit, lease: Lease | None,
+                       reseed) -> CheckpointManager | ShardedCheckpointManager:
+    """One object by rank 0 (``--checkpoint-format one``) or every rank its part (``sharded``, jobs.workload.engine)."""
+    schedule, guard = SaveSchedule(args.save_every, args.save_every_steps), lease.confirm if lease else lambda: None
+    if args.checkpoint_format == "sharded":
+        checkpointer = ShardedCheckpointer(storage, identity(args), env.rank, emit=emit, guard=guard) if storage else None
+        return ShardedCheckpointManager(checkpointer, schedule, env, reseed=reseed)
+    checkpointer = Checkpointer(storage, identity(args), emit=emit, guard=guard) if storage else None
+    return CheckpointManager(checkpointer, schedule, env, reseed=reseed)
 
 
 def _take_lease(lease: Lease | None, env: dist.DistEnv, device: torch.device) -> tuple[str, int] | None:
@@ -316,7 +324,9 @@ def check_inputs(argv: list[str], serves_metrics: bool = True) -> tuple[TrainArg
         if serves_metrics and env.is_main and args.metrics_port is not None:
             check_port(args.metrics_port)
         storage = open_checked_storage(args.checkpoint_uri, env.rank)
-        if storage:
+        if storage and args.checkpoint_format == "sharded":
+            ShardedCheckpointer(storage, identity(args)).newest()
+        elif storage:
             Checkpointer(storage, identity(args)).newest_manifest()
     except (dist.LaunchError, PortInUse, StorageError, IdentityMismatch) as error:
         sys.stderr.write(f"train: error: {one_line(error)}\n")
