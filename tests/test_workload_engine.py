@@ -27,16 +27,19 @@ def ranks(mode: str, uri: str, out: Path, nproc: int, *extra: str, env: dict | N
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
-def test_a_two_rank_checkpoint_on_s3_restores_bitwise_on_two_ranks_and_on_one(tmp_path, local_aws):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_two_rank_checkpoint_on_s3_restores_bitwise_on_two_ranks_and_on_one(tmp_path, local_aws, parallel):
+    """Under FSDP (fully_shard, gloo) each rank holds and writes only its shard; on 1 rank DCP reshards it."""
     boto3.client("s3").create_bucket(Bucket="ckpt")
-    saved = ranks("save", "s3://ckpt/run", tmp_path / "save", 2, "--steps", "3", "--save-at", "2", "3")
+    saved = ranks("save", "s3://ckpt/run", tmp_path / "save", 2, "--steps", "3", "--save-at", "2", "3",
+                  "--parallel", parallel)
     assert [e["step"] for e in saved[0]["events"] if e["event"] == "checkpoint"] == [2, 3]
     keys = {item["Key"] for item in boto3.client("s3").list_objects_v2(Bucket="ckpt")["Contents"]}
     assert {"run/ckpt-000000003/__0_0.distcp", "run/ckpt-000000003/__1_0.distcp", "run/ckpt-000000003/.metadata",
             "run/ckpt-000000003.json"} <= keys  # each rank wrote its own part
 
-    on_two = ranks("load", "s3://ckpt/run", tmp_path / "two", 2)
-    on_one = ranks("load", "s3://ckpt/run", tmp_path / "one", 1)
+    on_two = ranks("load", "s3://ckpt/run", tmp_path / "two", 2, "--parallel", parallel)
+    on_one = ranks("load", "s3://ckpt/run", tmp_path / "one", 1, "--parallel", parallel)
     for loaded in on_two + on_one:
         assert loaded["resumed"] == {"step": 3, "world_size": 2}
         mine = saved[loaded["rank"]]["states"]["3"]
@@ -66,10 +69,11 @@ def test_a_shard_upload_refused_leaves_the_previous_checkpoint_the_newest(tmp_pa
         assert loaded["states"]["1"] == saved[loaded["rank"]]["states"]["1"]
 
 
-def test_the_trainer_resumes_a_sharded_s3_checkpoint_bitwise_and_after_a_resize(tmp_path, local_aws):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_trainer_resumes_a_sharded_s3_checkpoint_bitwise_and_after_a_resize(tmp_path, local_aws, parallel):
     boto3.client("s3").create_bucket(Bucket="ckpt")
     first_half = TrainArgs(total_epochs=2, save_every=1, batch_size=32, seed=21, lease_seconds=2,
-                           checkpoint_uri="s3://ckpt/run", checkpoint_format="sharded")
+                           checkpoint_uri="s3://ckpt/run", checkpoint_format="sharded", parallel=parallel)
     done_event(run(torchrun_cmd(first_half), env=local_aws.env, timeout=300))
     full = first_half.model_copy(update={"total_epochs": 4})
     resumed = run(torchrun_cmd(full), env=local_aws.env, timeout=300)

@@ -6,7 +6,7 @@ written on a thread; collectives of the save on a process group of its own, so t
 training's); rank 0 publishes the manifest once the save returned there. ``load``: rank 0 chooses the newest
 checkpoint whose files are all there, every rank loads exactly that one with DCP (each reading only the items
 it needs), or all raise ResumeFailed together; the loaded step is compared across ranks. Per-rank state (RNG)
-is saved under ``rank<N>`` by rank N; a rank that did not exist when the checkpoint was written seeds afresh.
+is saved under ``rank<N>`` by rank N, the step under ``step``; a rank that did not exist when the checkpoint was written seeds afresh.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from jobs.workload.dist import DistEnv
 from jobs.workload.engine import ModelState, OptimizerState, ShardedCheckpointer, storage_reader, storage_writer
 from jobs.workload.manager import ResumeFailed, Resumed, SaveSchedule
 from jobs.workload.storage import StorageError
+
+STEP = "step"  # saved with every checkpoint: each rank checks the step it loaded against the manifest's
 
 
 class PerRank:
@@ -102,7 +104,7 @@ class ShardedCheckpointManager:
         if not self._agree(self.wait(timeout)):
             return False
         started = time.perf_counter()
-        future = dcp.async_save(self._statefuls(range(self.env.world_size)),
+        future = dcp.async_save({STEP: step, **self._statefuls(range(self.env.world_size))},
                                 checkpoint_id=self.checkpointer.checkpoint_id(step), storage_writer=self._writer,
                                 process_group=self.group, no_dist=self._no_dist)
         self.last_blocked_seconds = time.perf_counter() - started
@@ -162,8 +164,9 @@ class ShardedCheckpointManager:
         manifest = detail
         name = manifest_name(manifest["step"])
         initial = {n: copy.deepcopy(s.state_dict()) for n, s in {**self.shared, **self.per_rank}.items()}
+        state = {STEP: -1, **self._statefuls(range(manifest["world_size"]))}
         try:
-            dcp.load(self._statefuls(range(manifest["world_size"])),
+            dcp.load(state,
                      checkpoint_id=self.checkpointer.checkpoint_id(manifest["step"]),
                      storage_reader=storage_reader(self.checkpointer.storage, self.env.rank),
                      process_group=self.group, no_dist=self._no_dist)
@@ -173,15 +176,11 @@ class ShardedCheckpointManager:
             raise ResumeFailed(f"could not load {name}, the checkpoint rank 0 chose: {_first_line(error)}") from None
         if self.env.rank >= manifest["world_size"]:
             self.reseed()
-        steps = self._all_gather(self._step())
+        steps = self._all_gather(state[STEP])
         if len(set(steps)) != 1 or steps[0] != manifest["step"]:
             raise ResumeFailed(f"the ranks loaded steps {steps} from {name}, which holds step {manifest['step']}")
         self.durable, self.durable_step = self.checkpointer.uri(manifest["step"]), manifest["step"]
         return Resumed(manifest["step"], self.checkpointer.uri(manifest["step"]), manifest["world_size"])
-
-    def _step(self) -> int | None:
-        progress = self.shared.get("progress")
-        return getattr(progress, "global_step", None)
 
     def _choose(self) -> tuple[str, Any]:
         try:
@@ -216,8 +215,9 @@ class ShardedCheckpointManager:
 
 
 def _tensors(state: Any):
+    """Every tensor of a nested state, as this rank holds it (a DTensor's local shard)."""
     if isinstance(state, torch.Tensor):
-        yield state
+        yield state.to_local() if hasattr(state, "to_local") else state
     elif isinstance(state, dict):
         for value in state.values():
             yield from _tensors(value)
