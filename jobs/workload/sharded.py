@@ -11,7 +11,6 @@ is saved under ``rank<N>`` by rank N, the step under ``step``; a rank that did n
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from concurrent.futures import Future
@@ -163,7 +162,7 @@ class ShardedCheckpointManager:
             return None
         manifest = detail
         name = manifest_name(manifest["step"])
-        initial = {n: copy.deepcopy(s.state_dict()) for n, s in {**self.shared, **self.per_rank}.items()}
+        # no copy of the state to fall back to (it would double host memory): a failed load ends the run (exit 143)
         state = {STEP: -1, **self._statefuls(range(manifest["world_size"]))}
         try:
             dcp.load(state,
@@ -171,8 +170,6 @@ class ShardedCheckpointManager:
                      storage_reader=storage_reader(self.checkpointer.storage, self.env.rank),
                      process_group=self.group, no_dist=self._no_dist)
         except (Exception, CheckpointException) as error:  # names each rank that failed, on every rank
-            for n, s in {**self.shared, **self.per_rank}.items():
-                s.load_state_dict(initial[n])
             raise ResumeFailed(f"could not load {name}, the checkpoint rank 0 chose: {_first_line(error)}") from None
         if self.env.rank >= manifest["world_size"]:
             self.reseed()
