@@ -133,11 +133,13 @@ def storage_writer(storage: Storage, rank: int, pinned: bool = False):
 
 def storage_reader(storage: Storage, rank: int):
     if isinstance(storage, S3Storage):
+        from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3FileSystem, S3StorageReader
 
         region, client = _s3_client(rank)
-        reader = S3StorageReader(region, storage.uri)
-        reader.fs = S3FileSystem(region, s3_client=client, reader_constructor=reader._reader_constructor)
+        ranges = S3ReaderConstructor.dcp_optimized()  # the reader's default: each file's items in offset order
+        reader = S3StorageReader(region, storage.uri, reader_constructor=ranges)
+        reader.fs = S3FileSystem(region, s3_client=client, reader_constructor=ranges)
         return reader
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemReader(storage.root)
