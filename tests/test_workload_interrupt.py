@@ -63,6 +63,9 @@ LAUNCHERS = {
     # torchrun's agent raises SignalException on SIGTERM and exits 1 whatever its workers return (143)
     "torchrun": (torchrun_cmd, 2, lambda job: job.pid, 1, 2),
     "torchrun-as-templated": (wrapped_torchrun, 2, lambda job: job.pid, 143, 1),
+    # every rank writes its part (jobs/workload/engine.py): the stop's save is a collective async save
+    "torchrun-sharded": (lambda args: wrapped_torchrun(args.model_copy(update={"checkpoint_format": "sharded"})), 2,
+                         lambda job: job.pid, 143, 2),
     "mpirun": (lambda args: mpirun_cmd(args, sigkill_timeout=MPI_SIGKILL_TIMEOUT), 2, lambda job: job.pid, 1, 2),
     "mpirun-as-templated": (supervised_mpirun, 2, lambda job: job.pid, 143, 1),
     "mpirun-rank-1-only": (mpirun_cmd, 2, _rank_1, 143, 1),

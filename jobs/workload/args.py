@@ -51,6 +51,8 @@ class TrainArgs(BaseModel):
     grace_period: Seconds = DEFAULT_GRACE_PERIOD
     lease_seconds: Annotated[float, Field(ge=1, le=MAX_SECONDS, allow_inf_nan=False)] = DEFAULT_LEASE_SECONDS
     dropout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    checkpoint_format: Literal["one", "sharded"] = "one"
+    parallel: Literal["ddp", "fsdp"] = "ddp"
 
     def to_argv(self) -> list[str]:
         """The command-line form, accepted by ``parse_args``."""
@@ -69,6 +71,10 @@ class TrainArgs(BaseModel):
             argv += ["--lease-seconds", f"{self.lease_seconds:g}"]
         if self.dropout:
             argv += ["--dropout", repr(self.dropout)]
+        if self.checkpoint_format != "one":
+            argv += ["--checkpoint-format", self.checkpoint_format]
+        if self.parallel != "ddp":
+            argv += ["--parallel", self.parallel]
         return argv
 
 
@@ -117,6 +123,10 @@ def build_parser(prog: str = f"python -m {TRAIN_MODULE}") -> argparse.ArgumentPa
     parser.add_argument("--lease-seconds", type=decimal, default=DEFAULT_LEASE_SECONDS,
                         help="the checkpoint prefix's writer lease expires this long after its last heartbeat")
     parser.add_argument("--dropout", type=float, default=0.0, help="mlp dropout (each rank draws its own masks)")
+    parser.add_argument("--checkpoint-format", default="one",
+                        help="one (one object written by rank 0) | sharded (every rank writes its part, DCP)")
+    parser.add_argument("--parallel", default="ddp",
+                        help="ddp | fsdp (FSDP2 fully_shard; checkpoints are always sharded)")
     return parser
 
 

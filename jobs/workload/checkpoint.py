@@ -176,15 +176,7 @@ class Checkpointer:
         return manifests
 
     def upload_seconds(self, size: int) -> float:
-        """About how long uploading ``size`` bytes takes: one PUT of at most PROBE_BYTES (then deleted), scaled
-        by size. Conservative for large checkpoints (it counts the request latency per MiB and no multipart
-        parallelism); raises StorageError."""
-        probe = min(size, PROBE_BYTES) or 1
-        started = time.perf_counter()
-        self.storage.put(PROBE, bytes(probe))
-        seconds = time.perf_counter() - started
-        self.storage.delete(PROBE)
-        return seconds * max(1.0, size / probe)
+        return probe_upload_seconds(self.storage, size)
 
     def newest_manifest(self) -> dict[str, Any] | None:
         """The newest readable manifest; raises IdentityMismatch if it belongs to a run of another shape."""
@@ -240,6 +232,18 @@ class Checkpointer:
         for name in manifests[self.keep:] + stale_data:  # manifests first: none may name missing data
             self.storage.delete(name)
             names.discard(name)
+
+
+def probe_upload_seconds(storage: Storage, size: int) -> float:
+    """About how long uploading ``size`` bytes takes: one PUT of at most PROBE_BYTES (then deleted), scaled by size.
+    Conservative for large checkpoints (it counts the request latency per MiB and no multipart parallelism); raises
+    StorageError."""
+    probe = min(size, PROBE_BYTES) or 1
+    started = time.perf_counter()
+    storage.put(PROBE, bytes(probe))
+    seconds = time.perf_counter() - started
+    storage.delete(PROBE)
+    return seconds * max(1.0, size / probe)
 
 
 def serialize(state: dict[str, Any]) -> bytes:

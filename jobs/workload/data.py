@@ -90,8 +90,13 @@ def build_loader(dataset: TensorDataset, batch_size: int, rank: int, world_size:
 
 def weights_sha256(model: nn.Module) -> str:
     """sha256 over the state_dict tensors in sorted key order (names included)."""
+    return state_sha256(model.state_dict())
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors of ``state`` in sorted key order (names included)."""
     digest = hashlib.sha256()
-    for key, tensor in sorted(model.state_dict().items()):
+    for key, tensor in sorted(state.items()):
         digest.update(key.encode())
         # the tensor's raw bytes, read in one call (bytes(storage) reads one element at a time: seconds per MB);
         # numpy is not a torch dependency

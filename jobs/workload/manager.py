@@ -72,6 +72,11 @@ class CheckpointManager:
         self.saver = BackgroundSaver(checkpointer) if checkpointer and env.is_main else None
         self._chosen: Checkpoint | None = None  # rank 0: the checkpoint it chose and applied
 
+    @property
+    def publishes(self) -> bool:
+        """This rank writes the manifests (rank 0, with checkpoints on)."""
+        return self.saver is not None
+
     def register(self, name: str, stateful: Any, *, per_rank: bool = False) -> None:
         (self.per_rank if per_rank else self.shared)[name] = stateful
 

@@ -57,6 +57,8 @@ class Storage(Protocol):
     def read(self, name: str) -> tuple[bytes, str]: ...
     def put_if(self, name: str, data: bytes, etag: str | None) -> str: ...
     def delete_if(self, name: str, etag: str) -> None: ...
+    def folder(self, name: str) -> dict[str, int]: ...
+    def delete_folder(self, name: str) -> None: ...
 
 
 def _plain(name: str) -> str:
@@ -118,6 +120,23 @@ class LocalStorage:
     def delete(self, name: str) -> None:
         with self._errors("delete", name):
             (self.root / _plain(name)).unlink(missing_ok=True)
+
+    def folder(self, name: str) -> dict[str, int]:
+        """The size of every file in the folder ``name`` (a sharded checkpoint's files), by file name."""
+        with self._errors("list", name):
+            folder = self.root / _plain(name)
+            if not folder.is_dir():
+                return {}
+            return {path.name: path.stat().st_size for path in folder.iterdir() if path.is_file()}
+
+    def delete_folder(self, name: str) -> None:
+        """The folder ``name`` and the files in it (never a folder inside it: a checkpoint's files are flat)."""
+        with self._errors("delete", name):
+            folder = self.root / _plain(name)
+            for file in self.folder(name):
+                (folder / file).unlink(missing_ok=True)
+            if folder.is_dir():
+                folder.rmdir()
 
     @contextmanager
     def _errors(self, what: str, name: str) -> Iterator[None]:
@@ -288,6 +307,20 @@ class S3Storage:
 
     def delete(self, name: str) -> None:
         self._retry(f"delete {name}", lambda _: self._s3.delete_object(Bucket=self.bucket, Key=self._key(_plain(name))))
+
+    def folder(self, name: str) -> dict[str, int]:
+        """The size of every object under ``name/``, by the rest of its key."""
+        start = len(self._key(f"{_plain(name)}/"))
+
+        def list_all(_: int) -> dict[str, int]:
+            pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(f"{name}/"))
+            return {item["Key"][start:]: item["Size"] for page in pages for item in page.get("Contents", [])}
+        return self._retry(f"list {name}/", list_all)
+
+    def delete_folder(self, name: str) -> None:
+        for file in self.folder(name):
+            self._retry(f"delete {name}/{file}",
+                        lambda _, key=self._key(f"{name}/{file}"): self._s3.delete_object(Bucket=self.bucket, Key=key))
 
 
 def _status(error: Exception) -> int:

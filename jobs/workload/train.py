@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
@@ -31,12 +33,14 @@ from infra.validation import one_line
 from jobs.workload import dist
 from jobs.workload.args import TrainArgs, exit_on_bad_args
 from jobs.workload.checkpoint import Checkpointer, IdentityMismatch
-from jobs.workload.data import build_loader, build_model, synthetic_dataset, weights_sha256
+from jobs.workload.data import build_loader, build_model, state_sha256, synthetic_dataset, weights_sha256
+from jobs.workload.engine import ShardedCheckpointer
 from jobs.workload.interrupt import AGREE_SECONDS, GraceBudget, GraceWatch, StepAgreement, StopRequest, Verdict
 from jobs.workload.lease import Lease, LeaseHeld
 from jobs.workload.manager import CheckpointManager, Resumed, ResumeFailed, SaveSchedule
 from jobs.workload.metrics import PortInUse, TrainMetrics, check_port
 from jobs.workload.progress import Reporter
+from jobs.workload.sharded import ShardedCheckpointManager
 from jobs.workload.state import RankRNG, TrainProgress
 from jobs.workload.storage import Storage, StorageError, open_storage
 
@@ -73,7 +77,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, rng: RankRNG,
                  checkpoints: CheckpointManager, watch: GraceWatch, telemetry: Telemetry, env: dist.DistEnv,
-                 stop: StopRequest, lease: Lease | None = None):
+                 stop: StopRequest, lease: Lease | None = None, fsdp: bool = False):
         self.device = dist.device(env)
         self.module = model.to(self.device)
         self.loader, self.sampler, self.optimizer = loader, loader.sampler, optimizer
@@ -90,7 +94,9 @@ class Trainer:
             self._report_resume(resumed)
         self._saved_step = resumed.step if resumed else None
         self._estimated = False
-        self.model = DDP(self.module, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.fsdp = fsdp  # the module is sharded already (fully_shard): it trains as it is
+        self.model = self.module if fsdp else DDP(self.module, device_ids=[self.device] if self.device.type == "cuda"
+                                                 else None)
 
     def train(self, max_epochs: int) -> Outcome:
         """Run the remaining steps; returns this rank's outcome (done, stopped or failed)."""
@@ -167,8 +173,7 @@ class Trainer:
         step = self.progress.global_step
         if self._saved_step == step:
             return True
-        if not all(torch.isfinite(tensor).all() for tensor in self.module.state_dict().values()
-                   if tensor.is_floating_point()):
+        if not self._weights_finite():
             return False
         self._saved_step = step
         if not self.checkpoints.save(step, timeout, epoch=self.progress.epoch,
@@ -176,6 +181,22 @@ class Trainer:
             self.telemetry.emit({"event": "checkpoint_failed", "step": step,
                                  "error": "not saved: the previous save was still running"})
         return True
+
+    def _weights_finite(self) -> bool:
+        """The same answer on every rank: under FSDP each rank checks its shard and the ranks agree."""
+        finite = all(bool(torch.isfinite(_local(tensor)).all()) for tensor in self.module.state_dict().values()
+                     if tensor.is_floating_point())
+        if not self.fsdp or self.env.world_size == 1:
+            return finite
+        flag = torch.tensor([int(finite)], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _weights_sha256(self) -> str:
+        """Of the whole model: under FSDP gathered from every rank's shard (a collective)."""
+        if not self.fsdp:
+            return weights_sha256(self.module)
+        return state_sha256(get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True)))
 
     def _interrupted(self, verdict: Verdict) -> Outcome:
         if verdict.nonfinite:
@@ -208,8 +229,8 @@ class Trainer:
 
     def _finish(self) -> Outcome:
         done = {"event": "done", "epochs": self.progress.epoch, "global_step": self.progress.global_step,
-                "weights_sha256": weights_sha256(self.module), "checkpoint": None}
-        if not self.checkpoints.saver:
+                "weights_sha256": self._weights_sha256(), "checkpoint": None}
+        if not self.checkpoints.publishes:
             return Outcome(done)
         self.checkpoints.wait()
         done["checkpoint"] = self.checkpoints.durable
@@ -218,6 +239,11 @@ class Trainer:
         sys.stderr.write(f"train: error: the final checkpoint (step {self.progress.global_step}) is not durable; "
                          f"last durable checkpoint: {self.checkpoints.durable or 'none'}\n")
         return Outcome(done, EXIT_RETRYABLE)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def identity(args: TrainArgs) -> dict[str, Any]:
@@ -243,18 +269,32 @@ def build_trainer(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, t
     loader = build_loader(synthetic_dataset(args.dataset_size, args.seed), args.batch_size,
                           env.rank, env.world_size, args.seed)
     model = build_model(args.model, args.seed, args.dropout)
+    if args.parallel == "fsdp":  # sharded before the optimizer is built over its (now DTensor) parameters
+        model = fully_shard(model.to(dist.device(env)))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
     rng = RankRNG(args.seed, env.rank, dist.device(env))
     rng.reseed()
     watch = GraceWatch(GraceBudget(args.grace_period), telemetry.emit)
-    checkpointer = None
-    if storage:
-        checkpointer = Checkpointer(storage, identity(args),
-                                    emit=lambda event: (telemetry.emit(event), watch.observe(event)),
-                                    guard=lease.confirm if lease else lambda: None)
-    checkpoints = CheckpointManager(checkpointer, SaveSchedule(args.save_every, args.save_every_steps), env,
-                                    reseed=rng.reseed)
-    return Trainer(model, loader, optimizer, rng, checkpoints, watch, telemetry, env, stop or StopRequest(), lease)
+    checkpoints = checkpoint_manager(args, env, storage, lambda event: (telemetry.emit(event), watch.observe(event)),
+                                     lease, rng.reseed)
+    return Trainer(model, loader, optimizer, rng, checkpoints, watch, telemetry, env, stop or StopRequest(), lease,
+                   fsdp=args.parallel == "fsdp")
+
+
+def sharded(args: TrainArgs) -> bool:
+    return args.checkpoint_format == "sharded" or args.parallel == "fsdp"
+
+
+def checkpoint_manager(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, emit, lease: Lease | None,
+                       reseed) -> CheckpointManager | ShardedCheckpointManager:
+    """One object by rank 0 (``--checkpoint-format one``) or every rank its part (``sharded``, jobs.workload.engine;
+    always under FSDP, where no rank holds the whole model)."""
+    schedule, guard = SaveSchedule(args.save_every, args.save_every_steps), lease.confirm if lease else lambda: None
+    if sharded(args):
+        checkpointer = ShardedCheckpointer(storage, identity(args), env.rank, emit=emit, guard=guard) if storage else None
+        return ShardedCheckpointManager(checkpointer, schedule, env, reseed=reseed, replicated=args.parallel == "ddp")
+    checkpointer = Checkpointer(storage, identity(args), emit=emit, guard=guard) if storage else None
+    return CheckpointManager(checkpointer, schedule, env, reseed=reseed)
 
 
 def _take_lease(lease: Lease | None, env: dist.DistEnv, device: torch.device) -> tuple[str, int] | None:
@@ -316,7 +356,9 @@ def check_inputs(argv: list[str], serves_metrics: bool = True) -> tuple[TrainArg
         if serves_metrics and env.is_main and args.metrics_port is not None:
             check_port(args.metrics_port)
         storage = open_checked_storage(args.checkpoint_uri, env.rank)
-        if storage:
+        if storage and sharded(args):
+            ShardedCheckpointer(storage, identity(args)).newest()
+        elif storage:
             Checkpointer(storage, identity(args)).newest_manifest()
     except (dist.LaunchError, PortInUse, StorageError, IdentityMismatch) as error:
         sys.stderr.write(f"train: error: {one_line(error)}\n")

@@ -1,0 +1,237 @@
+"""Sharded checkpoints on torch.distributed.checkpoint (DCP): every rank writes its own part, in parallel, staged off
+the training thread; a manifest, published by rank 0 once every part is durable, is what makes one a checkpoint.
+
+On the storage (a local path or ``s3://bucket/prefix``), named by the global step like the one-object format:
+
+- ``ckpt-000000300/``: DCP's checkpoint, ``__<rank>_<n>.distcp`` written by each rank and ``.metadata`` by rank 0;
+- ``ckpt-000000300.json``: the manifest ``{"step", "data": "ckpt-000000300/", "format": "dcp", "files": {name:
+  bytes}, "world_size", "identity", ...}``, written after DCP's save returned on rank 0. DCP's coordinator gathers
+  every rank's write results before it writes ``.metadata`` (torch/distributed/checkpoint/state_dict_saver.py,
+  ``_save_state_dict``: ``finish_checkpoint`` runs on ``all_results``), so by then every rank's files are closed;
+  rank 0 then lists the folder and publishes only if every file DCP recorded is there whole.
+
+Readers trust only manifests: rank 0 takes the newest whose files are all present with their sizes and whose
+identity is this run's; every rank then reads just its part of it (DCP plans the reads from ``.metadata``, so a
+checkpoint written at another world size, or by FSDP shards, loads here: resharding). S3 goes through the S3
+Connector for PyTorch's DCP writer and reader (``s3torchconnector``: multipart uploads, ranged reads of each item in
+offset order); a local path through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not
+hashed: a shard of the right size whose bytes changed is not detected (its load fails, or it loads wrong values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from jobs.workload.checkpoint import CorruptCheckpoint, IdentityMismatch, identity_mismatch, manifest_name, step_of
+from jobs.workload.storage import LocalStorage, S3Storage, Storage, StorageError
+
+Event = dict[str, Any]
+FORMAT = "dcp"
+METADATA = ".metadata"  # DCP's name for the coordinator's file (torch/distributed/checkpoint/filesystem.py)
+MANIFEST = re.compile(r"ckpt-(\d{9})\.json")
+
+
+def folder_name(step: int) -> str:
+    return f"ckpt-{step:09d}"
+
+
+class ModelState:
+    """A module as DCP's ``Stateful``: its state dict by parameter name, sharded (DTensor) under FSDP2."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.module)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_model_state_dict(self.module, state)
+
+
+class OptimizerState:
+    """An optimizer as DCP's ``Stateful``: keyed by parameter name (not by index), its state created if not yet."""
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer):
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.module, self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.module, self.optimizer, state)
+
+
+def check_manifest(name: str, manifest: Any) -> dict[str, Any]:
+    """The sharded manifest ``name`` holds, if it names its own folder and lists its files with their sizes."""
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpoint(f"unreadable manifest: a {type(manifest).__name__}, not an object")
+    step = step_of(name)
+    if manifest.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{name}: not a sharded checkpoint (format {manifest.get('format')!r})")
+    for key, value in {"step": step, "data": f"{folder_name(step)}/"}.items():
+        if manifest.get(key) != value or type(manifest.get(key)) is not type(value):
+            raise CorruptCheckpoint(f"unreadable manifest: {key} is {manifest.get(key)!r}, not {value!r}")
+    files = manifest.get("files")
+    if (not isinstance(files, dict) or METADATA not in files
+            or not all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in files.values())):
+        raise CorruptCheckpoint("unreadable manifest: 'files' is not a map of file names to sizes with .metadata")
+    world_size = manifest.get("world_size")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise CorruptCheckpoint(f"unreadable manifest: world_size is {world_size!r}")
+    return manifest
+
+
+def shard_sizes(metadata: Metadata) -> dict[str, int]:
+    """Each data file's size as DCP recorded it: the end of its last item (items are written back to back)."""
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+    return sizes
+
+
+def _s3_client(rank: int):
+    """The S3 Connector's client, at ``AWS_ENDPOINT_URL`` when set (path-style, as a local endpoint needs), naming
+    the rank in its User-Agent. s3torchconnector 1.5.0 ``dcp/s3_file_system.py``: ``S3FileSystem`` takes an
+    ``s3_client``; its DCP writer and reader build one without an endpoint, so ours replaces their ``fs``."""
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+    from s3torchconnector._user_agent import UserAgent
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    config = S3ClientConfig(force_path_style=endpoint is not None, max_attempts=6)
+    return region, S3Client(region, endpoint=endpoint, user_agent=UserAgent([f"gpuyard-rank/{rank}"]),
+                            s3client_config=config)
+
+
+def storage_writer(storage: Storage, rank: int, pinned: bool = False):
+    """DCP's writer for ``storage``; its ``checkpoint_id`` is set per save (``dcp.async_save(checkpoint_id=...)``).
+    ``pinned`` keeps one staging copy in pinned memory across saves (with a GPU)."""
+    if isinstance(storage, S3Storage):
+        from s3torchconnector.dcp import S3FileSystem, S3StorageWriter
+
+        region, client = _s3_client(rank)
+        writer = S3StorageWriter(region, storage.uri, cache_staged_state_dict=pinned)
+        writer.fs = S3FileSystem(region, s3_client=client)
+        return writer
+    if isinstance(storage, LocalStorage):
+        return dcp.FileSystemWriter(storage.root, sync_files=True, cache_staged_state_dict=pinned)
+    raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
+
+
+def storage_reader(storage: Storage, rank: int):
+    if isinstance(storage, S3Storage):
+        from s3torchconnector import S3ReaderConstructor
+        from s3torchconnector.dcp import S3FileSystem, S3StorageReader
+
+        region, client = _s3_client(rank)
+        ranges = S3ReaderConstructor.dcp_optimized()  # the reader's default: each file's items in offset order
+        reader = S3StorageReader(region, storage.uri, reader_constructor=ranges)
+        reader.fs = S3FileSystem(region, s3_client=client, reader_constructor=ranges)
+        return reader
+    if isinstance(storage, LocalStorage):
+        return dcp.FileSystemReader(storage.root)
+    raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
+
+
+class ShardedCheckpointer:
+    """The thin layer above DCP: where each checkpoint goes, its manifest, choosing one, pruning to ``keep``.
+
+    ``guard`` runs before rank 0 publishes (the lease) and raises StorageError to stop it; ``emit`` gets events.
+    """
+
+    def __init__(self, storage: Storage, identity: dict[str, Any], rank: int = 0, keep: int = 3,
+                 emit: Callable[[Event], None] = lambda event: None, guard: Callable[[], None] = lambda: None):
+        self.storage, self.identity, self.rank, self.keep, self.emit, self.guard = (
+            storage, identity, rank, keep, emit, guard)
+        self._abandoned: set[str] = set()  # folders of saves that failed here: pruned with the old ones
+
+    def checkpoint_id(self, step: int) -> str:
+        """Where DCP writes the checkpoint of ``step``: a folder under the storage's path or prefix."""
+        if isinstance(self.storage, LocalStorage):
+            return str(self.storage.root / folder_name(step))
+        return f"{self.storage.uri}/{folder_name(step)}"
+
+    def uri(self, step: int) -> str:
+        return f"{self.storage.uri}/{manifest_name(step)}"
+
+    def publish(self, step: int, metadata: Metadata, world_size: int, started: float, **details: Any) -> bool:
+        """Rank 0, after DCP's save returned: check every file is there whole, write the manifest, prune."""
+        folder = folder_name(step)
+        try:
+            expected, present = shard_sizes(metadata), self.storage.folder(folder)
+            short = sorted(name for name, size in expected.items() if present.get(name) != size)
+            if short or METADATA not in present:
+                raise StorageError(f"{folder}: {', '.join(short) or METADATA} not there whole after the save")
+            files = {name: present[name] for name in [*expected, METADATA]}
+            manifest = {"step": step, "data": f"{folder}/", "format": FORMAT, "files": files,
+                        "bytes": sum(files.values()), "world_size": world_size, "identity": self.identity,
+                        "upload_seconds": round(time.perf_counter() - started, 4), **details}
+            self.guard()
+            self.storage.put(manifest_name(step), json.dumps(manifest).encode())
+        except StorageError as error:
+            self.failed(step, str(error))
+            return False
+        self.emit({"event": "checkpoint", "step": step, **details, "uri": self.uri(step), "bytes": manifest["bytes"],
+                   "seconds": manifest["upload_seconds"], "format": FORMAT})
+        try:
+            self._prune()
+        except StorageError as error:
+            self.emit({"event": "prune_failed", "error": str(error)})
+        return True
+
+    def failed(self, step: int, error: str) -> None:
+        self._abandoned.add(folder_name(step))
+        self.emit({"event": "checkpoint_failed", "step": step, "error": error})
+
+    def manifests(self) -> list[str]:
+        """Manifest names, newest first."""
+        return sorted((name for name in self.storage.names() if MANIFEST.fullmatch(name)), reverse=True)
+
+    def verify(self, name: str) -> dict[str, Any]:
+        """The manifest ``name`` if it is this run's and its files are all there with their sizes; raises
+        CorruptCheckpoint, IdentityMismatch or StorageError."""
+        try:
+            manifest = check_manifest(name, json.loads(self.storage.get(name)))
+        except (ValueError, RecursionError) as error:
+            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
+        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
+        if mismatch:
+            raise IdentityMismatch(mismatch)
+        present = self.storage.folder(folder_name(manifest["step"]))
+        wrong = sorted(file for file, size in manifest["files"].items() if present.get(file) != size)
+        if wrong:
+            raise CorruptCheckpoint(f"{manifest['data']}{wrong[0]}: "
+                                    f"{'missing' if wrong[0] not in present else 'size differs from its manifest'}")
+        return manifest
+
+    def newest(self) -> dict[str, Any] | None:
+        """The newest manifest that verifies, reporting each one skipped; IdentityMismatch if it is another run's."""
+        for name in self.manifests():
+            try:
+                return self.verify(name)
+            except (CorruptCheckpoint, StorageError) as error:
+                self.emit({"event": "checkpoint_skipped", "name": name, "reason": str(error)})
+        return None
+
+    def _prune(self) -> None:
+        manifests = self.manifests()
+        for name in manifests[self.keep:]:  # the manifest first: none may name a missing folder
+            self.storage.delete(name)
+            self.storage.delete_folder(folder_name(step_of(name)))
+        kept = {folder_name(step_of(name)) for name in manifests[:self.keep]}
+        for folder in sorted(self._abandoned - kept):
+            self.storage.delete_folder(folder)
+            self._abandoned.discard(folder)
