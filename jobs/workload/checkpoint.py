@@ -85,6 +85,20 @@ def identity_mismatch(uri: str, theirs: Any, ours: dict[str, Any]) -> str | None
             "resume with the same values or use another --checkpoint-uri")
 
 
+def read_manifest(storage: Storage, name: str, identity: dict[str, Any],
+                  check: Callable[[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """The manifest ``name`` in ``storage`` as ``check`` (its format's) accepts it, if it is the run ``identity``'s;
+    raises CorruptCheckpoint, IdentityMismatch or StorageError."""
+    try:
+        manifest = check(name, json.loads(storage.get(name)))
+    except (ValueError, RecursionError) as error:
+        raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
+    mismatch = identity_mismatch(f"{storage.uri}/{name}", manifest.get("identity"), identity)
+    if mismatch:
+        raise IdentityMismatch(mismatch)
+    return manifest
+
+
 def check_manifest(name: str, manifest: Any) -> dict[str, Any]:
     """The manifest ``name`` holds, if it names exactly its own data object with a size and a sha256."""
     if not isinstance(manifest, dict):
@@ -213,14 +227,7 @@ class Checkpointer:
         return self.choose()
 
     def _manifest(self, name: str) -> dict[str, Any]:
-        try:
-            manifest = check_manifest(name, json.loads(self.storage.get(name)))
-        except (ValueError, RecursionError) as error:
-            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
-        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
-        if mismatch:
-            raise IdentityMismatch(mismatch)
-        return manifest
+        return read_manifest(self.storage, name, self.identity, check_manifest)
 
     def _prune(self) -> None:
         names = self._known_names()

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from jobs.workload.checkpoint import CorruptCheckpoint, IdentityMismatch, identity_mismatch, manifest_name, step_of
+from jobs.workload.checkpoint import CorruptCheckpoint, manifest_name, read_manifest, step_of
 from jobs.workload.storage import LocalStorage, S3Storage, Storage, StorageError
 
 Event = dict[str, Any]
@@ -203,13 +203,7 @@ class ShardedCheckpointer:
     def verify(self, name: str) -> dict[str, Any]:
         """The manifest ``name`` if it is this run's and its files are all there with their sizes; raises
         CorruptCheckpoint, IdentityMismatch or StorageError."""
-        try:
-            manifest = check_manifest(name, json.loads(self.storage.get(name)))
-        except (ValueError, RecursionError) as error:
-            raise CorruptCheckpoint(f"unreadable manifest: {error}") from None
-        mismatch = identity_mismatch(f"{self.storage.uri}/{name}", manifest.get("identity"), self.identity)
-        if mismatch:
-            raise IdentityMismatch(mismatch)
+        manifest = read_manifest(self.storage, name, self.identity, check_manifest)
         present = self.storage.folder(folder_name(manifest["step"]))
         wrong = sorted(file for file, size in manifest["files"].items() if present.get(file) != size)
         if wrong:
