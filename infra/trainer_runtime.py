@@ -22,6 +22,7 @@ from infra.conventions import (
     ANNOTATION_QUEUE_NAME,
     DEFAULT_MAX_RESTARTS,
     FINAL_EXIT_CODES,
+    GRACE_PERIOD_SECONDS,
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
     LABEL_PART_OF,
@@ -62,8 +63,9 @@ def runtime_labels(team: Team) -> dict[str, str]:
 
 
 def training_runtime_spec(team: Team, image: str) -> dict:
-    """The TrainingRuntime spec for ``team``: Volcano scheduler, the team's queue and priority, GPU toleration,
-    and the restricted security context its namespace enforces (a TrainJob written by hand is admitted too)."""
+    """The TrainingRuntime spec for ``team``: Volcano scheduler, the team's queue and priority, GPU toleration, the
+    grace period, and the restricted security context its namespace enforces (a TrainJob written by hand is admitted
+    too)."""
     container = {"name": NODE, "image": image, "ports": [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
                  "securityContext": container_security()}
     pod_spec = {
@@ -73,6 +75,8 @@ def training_runtime_spec(team: Team, image: str) -> dict:
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}],
         "securityContext": pod_security(),
         "restartPolicy": "Never",
+        # A TrainJob written by hand (the Kubeflow SDK's) gets the on-demand grace; gpuyard's patch its capacity's.
+        "terminationGracePeriodSeconds": GRACE_PERIOD_SECONDS["on-demand"],
         "containers": [container],
     }
     job = {

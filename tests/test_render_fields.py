@@ -264,8 +264,7 @@ def test_grace_period_follows_the_capacity_type_in_the_pods_and_the_trainer(kind
     manifest = rendered(kind, capacity_type=capacity)
     argv = trainer_argv(manifest)
     assert parse_args(argv[:-5] if kind == "rayjob" else argv).grace_period == grace
-    if kind != "trainjob":  # a TrainJob's pods come from its ClusterTrainingRuntime
-        assert {pod["spec"]["terminationGracePeriodSeconds"] for _, _, pod in pod_templates(manifest)} == {grace}
+    assert {pod["spec"]["terminationGracePeriodSeconds"] for _, _, pod in pod_templates(manifest)} == {grace}
 
 
 def test_explicit_node_pool_wins():

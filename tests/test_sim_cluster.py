@@ -18,10 +18,10 @@ from infra.prices import on_demand_price
 from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from sim import monitoring, nodes, stack
-from sim.cluster import Sim
+from render_helpers import pod_templates
+from sim_running import running_sim
 from sim.images import build_images
 from sim.kwok import runs_for
-from sim.processes import zombie, alive
 from sim.submit import KWOK_COMPLETED, SubmitFailed, submit
 
 pytestmark = [
@@ -37,13 +37,8 @@ CONFIG = with_registry(load_stack(STACK))  # images from the stack's ECR registr
 def sim(tmp_path_factory):
     """The dev stack's simulated cluster with its monitoring, started once for this module (the Karpenter tests start
     their own)."""
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state", monitoring=True)
-    cluster.up(print)
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not cluster.state.exists()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", monitoring=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +124,10 @@ def test_job_runs_as_a_gang_then_its_operator_completes_it_once_kwok_ends_its_po
     assert sum(size for group, (_, size) in job.podgroups.items() if not group.startswith("podgroup-")) == \
         _gang_size(manifest, len(gang)), said
     assert job.pods and job.bound == job.pods, said  # every pod bound: never part of a gang
+    graces = {pod["metadata"]["name"]: pod["spec"]["terminationGracePeriodSeconds"]
+              for pod in sim.kubectl().items("pods", namespace=job.namespace) if pod["metadata"]["name"] in gang}
+    rendered_graces = {pod["spec"]["terminationGracePeriodSeconds"] for _, _, pod in pod_templates(manifest)}
+    assert graces and set(graces.values()) == rendered_graces, graces  # what the operator made: the trainer's grace
     [job] = submit(sim, [path], 180, said.append, until=(KWOK_COMPLETED,), apply=False)
     assert job.outcome == KWOK_COMPLETED, said
     assert any("no container ran" in line for line in said), said

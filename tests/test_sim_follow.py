@@ -11,15 +11,13 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from infra.config import load_stack
 from infra.conventions import GPU_RESOURCE
 from jobs.spec import stack_kinds
-from sim.cluster import Sim
-from sim.processes import alive, zombie
+from sim_running import running_sim
 from sim.submit import JOB_RESOURCES
 
 pytestmark = [
@@ -34,12 +32,8 @@ TEAM = "vision"
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
-    cluster.up(print)
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state") as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -18,9 +18,8 @@ from infra.tenancy import team_group
 from jobs.render import render_specs, write_manifests
 from jobs.spec import build_spec, stack_kinds
 from pod_security import pod_specs
-from sim.cluster import Sim
+from sim_running import running_sim
 from sim.kube import KubectlError
-from sim.processes import alive, zombie
 from sim.submit import KWOK_COMPLETED, submit
 
 pytestmark = [
@@ -36,12 +35,8 @@ MEMBER = ("--as=alice", f"--as-group={team_group(TEAM)}")
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state")
-    cluster.up(print)
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state") as cluster:
+        yield cluster
 
 
 def _rendered(tmp_path: Path, kind: str, edit=None, **overrides) -> Path:

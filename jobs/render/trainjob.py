@@ -4,14 +4,20 @@ The team's TrainingRuntime (created by the stack in the team's namespace, infra/
 the JobSet, torchrun's rendezvous env, the Volcano PodGroup with the team's queue, the scheduler name, the
 priority class and the metrics port; the TrainJob sets the trainer (image, command, nodes, resources) and
 patches the ``node`` pods with what every gpuyard training pod carries (labels, do-not-disrupt, service
-account, placement, /dev/shm, non-root). The TrainJob API has no TTL, restart count or priority class, and
-Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them, and the retry rule too (exit
-1 and 2 fail the JobSet, anything else restarts it: infra/trainer_runtime.py). torchrun runs as
+account, grace period, placement, /dev/shm, non-root). The TrainJob API has no TTL, restart count or priority
+class, and Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them, and the retry rule too
+(exit 1 and 2 fail the JobSet, anything else restarts it: infra/trainer_runtime.py). torchrun runs as
 ``jobs.workload.torchrun``, whose exit status is its workers', with ``--max-restarts=0``.
 """
 
 from infra.config import Team
-from infra.conventions import ANNOTATION_DO_NOT_DISRUPT, TRAINING_RUNTIME, container_security, pod_security
+from infra.conventions import (
+    ANNOTATION_DO_NOT_DISRUPT,
+    GRACE_PERIOD_SECONDS,
+    TRAINING_RUNTIME,
+    container_security,
+    pod_security,
+)
 from jobs.render.pod import (
     SHM_PATH,
     SHM_VOLUME,
@@ -49,6 +55,10 @@ def trainer(spec: JobSpec) -> dict:
 def node_pod_patch(spec: JobSpec, team: Team) -> dict:
     pod: dict = {
         "serviceAccountName": team.service_account,
+        # The pod's grace is what the trainer is told (PodSpecPatch has the field and Trainer merges the patch
+        # into the runtime's JobSet strategically: kubeflow/trainer v2.3.0 pkg/apis/trainer/v1alpha1/
+        # trainjob_types.go, pkg/runtime/core/trainingruntime.go mergeRuntimePatches).
+        "terminationGracePeriodSeconds": GRACE_PERIOD_SECONDS[spec.capacity_type],
         "nodeSelector": trainer_node_selector(spec),
     }
     if spec.gpus_per_node:
