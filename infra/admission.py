@@ -270,7 +270,7 @@ def _train_job() -> list[tuple[str, str]]:
                                   "TrainingRuntime): a ClusterTrainingRuntime carries no team queue or priority")),
         (f"!has({patches}) || {patches}.all(p, !has(p.trainingRuntimeSpec) || "
          f"!has(p.trainingRuntimeSpec.template) || !has({jobset_patch}) || {queue_patch})",
-         _message("team-queue", f"spec.runtimePatches may not name a queue other than this team's ", TEAM_QUEUE)),
+         _message("team-queue", "spec.runtimePatches may not name a queue other than this team's ", TEAM_QUEUE)),
     ]
 
 
