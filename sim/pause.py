@@ -1,6 +1,8 @@
 """The pod sandbox ("pause") image of the real nodes, pushed to the sim's registry: the public one
 (registry.k8s.io/pause) cannot be pulled here. Its one layer is Debian's busybox-static (`apt-get download`, cached),
 its entrypoint `busybox sleep`: a sandbox's process only holds the pod's namespaces until containerd kills it.
+The same image, with the applets of APPLETS linked in /bin, stands in for the PyTorchJob workers' init container
+image (alpine:3.10 upstream: sim/addons.py training_operator_args), which runs `sh -c` with `seq` and `nslookup`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sim.registry import Registry
 REPOSITORY = "gpuyard-sim/pause"
 PACKAGE = "busybox-static"
 ENTRYPOINT = ["/bin/busybox", "sleep", "2147483647"]
+APPLETS = ("sh", "seq", "nslookup", "sleep", "cat")  # infra/manifests/training-operator/pytorch-init-container.yaml
 
 
 def fetch() -> Path:
@@ -50,6 +53,10 @@ def _layer(busybox: bytes) -> bytes:
         member = tarfile.TarInfo("bin/busybox")
         member.size, member.mode = len(busybox), 0o755
         archive.addfile(member, io.BytesIO(busybox))
+        for applet in APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname, link.mode = tarfile.SYMTYPE, "busybox", 0o777
+            archive.addfile(link)
     return buffer.getvalue()
 
 
