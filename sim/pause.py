@@ -3,6 +3,10 @@
 its entrypoint `busybox sleep`: a sandbox's process only holds the pod's namespaces until containerd kills it.
 The same image, with the applets of APPLETS linked in /bin, stands in for the PyTorchJob workers' init container
 image (alpine:3.10 upstream: sim/addons.py training_operator_args), which runs `sh -c` with `seq` and `nslookup`.
+Its `nslookup` is NSLOOKUP: busybox 1.35's nslookup exits 1 for a short name when any name of the search path is
+NXDOMAIN, even when another one answered (measured in a pod: `nslookup gang-master-0` 1, the full name 0), so
+upstream's loop would wait for a master that resolves; NSLOOKUP prints busybox's answer and succeeds when it holds
+an answer record (busybox prints those as ``Name:``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from sim.registry import Registry
 REPOSITORY = "gpuyard-sim/pause"
 PACKAGE = "busybox-static"
 ENTRYPOINT = ["/bin/busybox", "sleep", "2147483647"]
-APPLETS = ("sh", "seq", "nslookup", "sleep", "cat")  # infra/manifests/training-operator/pytorch-init-container.yaml
+APPLETS = ("sh", "seq", "sleep", "cat", "grep")  # infra/manifests/training-operator/pytorch-init-container.yaml
+NSLOOKUP = b"""#!/bin/busybox sh
+answer=$(/bin/busybox nslookup "$@" 2>&1)
+echo "$answer"
+echo "$answer" | /bin/busybox grep -q '^Name:'
+"""
 
 
 def fetch() -> Path:
@@ -57,6 +66,9 @@ def _layer(busybox: bytes) -> bytes:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname, link.mode = tarfile.SYMTYPE, "busybox", 0o777
             archive.addfile(link)
+        script = tarfile.TarInfo("bin/nslookup")
+        script.size, script.mode = len(NSLOOKUP), 0o755
+        archive.addfile(script, io.BytesIO(NSLOOKUP))
     return buffer.getvalue()
 
 
