@@ -144,7 +144,9 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
                           aws_access_key_id="testing", aws_secret_access_key="testing")
         s3.create_bucket(Bucket=config.checkpoint_bucket,
                          CreateBucketConfiguration={"LocationConstraint": config.region})
-        env = {**CREDENTIALS, "AWS_DEFAULT_REGION": config.region, "AWS_ENDPOINT_URL": endpoint}
+        # LOGLEVEL: torchrun's agent then logs each rank's place in the rendezvous (torch/distributed/elastic
+        # utils/logging.py reads it; its default is WARNING)
+        env = {**CREDENTIALS, "AWS_DEFAULT_REGION": config.region, "AWS_ENDPOINT_URL": endpoint, "LOGLEVEL": "INFO"}
         rendered = subprocess.run(
             [sys.executable, "-m", "jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", "pytorchjob",
              "--name", JOB, "--gpus-per-node", "0", "--cpu", "0.9", "--epochs", "2",
@@ -178,7 +180,7 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
         for name, rank in ((f"{JOB}-master-0", 0), (f"{JOB}-worker-0", 1)):
             status = pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]
             assert status["exitCode"] == 0
-            assert f"group_rank={rank}" in logs[name] and "group_world_size=2" in logs[name], logs[name][-3000:]
+            assert f"group_rank={rank}\n" in logs[name] and "group_world_size=2\n" in logs[name], logs[name][-3000:]
     finally:
         server.terminate()
         server.wait(timeout=30)
