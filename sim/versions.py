@@ -126,7 +126,12 @@ def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
         # the cluster DNS (sim/coredns.py): CoreDNS v1.15.0 (the newest the Go module proxy serves) with the plugins
         # our main package names, not upstream's main, which links every plugin and its cloud SDKs
         Component("coredns", "v1.15.0", {"coredns": "gpuyard.dev/sim/coredns"}),
+        INIT_SHELL,
     )
+
+
+# The `sh` of the PyTorchJob init image (sim/pause.py): a static build of mvdan.cc/sh's POSIX shell
+INIT_SHELL = Component("gosh", "v3.14.1", {"gosh": "mvdan.cc/sh/v3/cmd/gosh"}, tags=("netgo", "osusergo"))
 
 
 # Monitoring: built by CI for the tests and by `gpuyard sim up --monitoring` (sim/monitoring.py) on demand.
