@@ -38,6 +38,7 @@ class Context:
     pki: Pki
     kubectl: Kubectl
     supervisor: Supervisor
+    pytorch_init_image: str | None = None  # real nodes: the sim's busybox image (sim/pause.py) for upstream's alpine
 
     def binary(self, component: str, name: str) -> str:
         return str(self.bins[component] / name)
@@ -234,18 +235,22 @@ def start_training_operator(context: Context) -> None:
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
     context.supervisor.start("training-operator", [
-        context.binary("training-operator", "training-operator"), *training_operator_args(),
+        context.binary("training-operator", "training-operator"), *training_operator_args(context.pytorch_init_image),
         f"--kubeconfig={context.kubeconfig}", f"--metrics-bind-address={LOCAL}:{free_port()}",
         f"--health-probe-bind-address={LOCAL}:{free_port()}", f"--webhook-server-port={port}",
     ], env={"TMPDIR": str(folder)})  # controller-runtime's webhook server reads $TMPDIR/k8s-webhook-server/serving-certs
     wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("training-operator"))
 
 
-def training_operator_args() -> list[str]:
-    """The stack's flags, the init container template read from the checkout where the Pod mounts its ConfigMap."""
+def training_operator_args(init_image: str | None = None) -> list[str]:
+    """The stack's flags, the init container template read from the checkout where the Pod mounts its ConfigMap.
+    With ``init_image`` the PyTorchJob workers' init container (`sh`, `seq`, `nslookup` until the master resolves)
+    runs that image: upstream's default, alpine:3.10 (pkg/config/config.go PyTorchInitContainerImageDefault,
+    cmd/training-operator.v1/main.go --pytorch-init-container-image), cannot be pulled here."""
     mounted = f"{operators.PYTORCH_INIT_TEMPLATE_FLAG}={operators.PYTORCH_INIT_TEMPLATE_PATH}"
     local = f"{operators.PYTORCH_INIT_TEMPLATE_FLAG}={operators.PYTORCH_INIT_TEMPLATE}"
-    return [local if arg == mounted else arg for arg in operators.TRAINING_OPERATOR_ARGS]
+    args = [local if arg == mounted else arg for arg in operators.TRAINING_OPERATOR_ARGS]
+    return args + [f"--pytorch-init-container-image={init_image}"] if init_image else args
 
 
 def _renamed(manifest: dict[str, Any], prefix: str) -> dict[str, Any]:

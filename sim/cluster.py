@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.config import load_stack
-from sim import addons, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
+from sim import addons, coredns, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
 from sim.build import build_all, build_component
 from sim.controlplane import ControlPlane
 from sim.kube import Kubectl, KubectlError
@@ -81,7 +81,8 @@ class Sim:
         if self.real_nodes:
             bins |= {c.name: build_component(c, say) for c in node_components(config.cluster.kubernetes_version)}
         pids = self.supervisor.pids()
-        if self.running() and (self.karpenter, self.monitoring, self.real_nodes) == (
+        kubelets = self.real_nodes + realnode.CPU_NODES if self.real_nodes else 0
+        if self.running() and (self.karpenter, self.monitoring, kubelets) == (
                 "karpenter" in pids, "prometheus" in pids, sum(name.startswith("kubelet-") for name in pids)):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
@@ -114,11 +115,14 @@ class Sim:
         say(f"creating {len(node_list)} nodes: " + ", ".join(f"{p.name} {p.count}" for p in pools)
             + (f" ({', '.join(sorted(names))} real)" if real else ""))
         kubectl.apply(n for n in node_list if n["metadata"]["name"] not in names)
+        busybox = pause.push(images) if real else None
         if real:
-            say(f"starting {len(real)} real nodes (containerd, kubelet)")
-            realnode.start_all(self.state, real, bins, control.pki, control.server(), images.address,
-                               pause.push(images), kubectl, self.supervisor)
-        context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor)
+            say(f"starting {len(real)} real nodes (containerd, kubelet) and CoreDNS on {coredns.ADDRESS}")
+            realnode.start_all(self.state, real, bins, control.pki, control.server(), images.address, busybox,
+                               kubectl, self.supervisor)
+            coredns.start(self.supervisor, bins["coredns"] / coredns.NAME, self.state / "coredns", self.kubeconfig)
+        context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
+                                 pytorch_init_image=busybox)
         for name, start in addons.STARTS.items():
             if name in bins:
                 say(f"starting {name}")

@@ -1,6 +1,13 @@
 """The pod sandbox ("pause") image of the real nodes, pushed to the sim's registry: the public one
 (registry.k8s.io/pause) cannot be pulled here. Its one layer is Debian's busybox-static (`apt-get download`, cached),
 its entrypoint `busybox sleep`: a sandbox's process only holds the pod's namespaces until containerd kills it.
+The same image, with the applets of APPLETS linked in /bin, stands in for the PyTorchJob workers' init container
+image (alpine:3.10 upstream: sim/addons.py training_operator_args), which runs `sh -c` with `seq` and `nslookup`.
+Its `nslookup` is NSLOOKUP: busybox 1.35's nslookup exits 1 for a short name when any name of the search path is
+NXDOMAIN, even when another one answered (measured in a pod: `nslookup gang-master-0` 1, the full name 0), so
+upstream's loop would wait for a master that resolves; NSLOOKUP prints busybox's answer and succeeds when it holds
+an answer record (busybox prints those as ``Name:``). Its `sh` is gosh (sim.versions.INIT_SHELL): busybox's own sh
+runs its nslookup applet for a bare `nslookup`, whatever /bin holds.
 """
 
 from __future__ import annotations
@@ -13,12 +20,20 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from sim.build import built
 from sim.paths import cache_root
 from sim.registry import Registry
+from sim.versions import INIT_SHELL
 
 REPOSITORY = "gpuyard-sim/pause"
 PACKAGE = "busybox-static"
 ENTRYPOINT = ["/bin/busybox", "sleep", "2147483647"]
+APPLETS = ("seq", "sleep", "cat", "grep")  # infra/manifests/training-operator/pytorch-init-container.yaml
+NSLOOKUP = b"""#!/bin/busybox sh
+answer=$(/bin/busybox nslookup "$@" 2>&1)
+echo "$answer"
+echo "$answer" | /bin/busybox grep -q '^Name:'
+"""
 
 
 def fetch() -> Path:
@@ -41,7 +56,14 @@ def _busybox() -> bytes:
         return archive.extractfile("./bin/busybox").read()
 
 
-def _layer(busybox: bytes) -> bytes:
+def _shell() -> bytes:
+    folder = built(INIT_SHELL)
+    if folder is None:
+        raise RuntimeError(f"{INIT_SHELL.name} {INIT_SHELL.version} is not built (python -m sim.build dev realnode)")
+    return (folder / "gosh").read_bytes()
+
+
+def _layer(busybox: bytes, shell: bytes) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         folder = tarfile.TarInfo("bin")
@@ -50,6 +72,14 @@ def _layer(busybox: bytes) -> bytes:
         member = tarfile.TarInfo("bin/busybox")
         member.size, member.mode = len(busybox), 0o755
         archive.addfile(member, io.BytesIO(busybox))
+        for applet in APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname, link.mode = tarfile.SYMTYPE, "busybox", 0o777
+            archive.addfile(link)
+        for name, data in (("bin/nslookup", NSLOOKUP), ("bin/sh", shell)):
+            member = tarfile.TarInfo(name)
+            member.size, member.mode = len(data), 0o755
+            archive.addfile(member, io.BytesIO(data))
     return buffer.getvalue()
 
 
@@ -74,7 +104,7 @@ def _push_blob(registry: Registry, data: bytes) -> dict:
 
 def push(registry: Registry) -> str:
     """Push the pause image (unless its tag is there); returns its reference."""
-    layer = _layer(_busybox())
+    layer = _layer(_busybox(), _shell())
     tag = "in-" + hashlib.sha256(layer).hexdigest()[:20]
     reference = f"{registry.address}/{REPOSITORY}:{tag}"
     if registry.manifest(REPOSITORY, tag) is not None:

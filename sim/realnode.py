@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 import yaml
 
-from sim import certs
+from infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL, NODEPOOL_CPU
+from sim import certs, coredns
 from sim.kube import Kubectl, KubectlError
 from sim.nodes import SHAPES
 from sim.processes import Supervisor, free_port
@@ -51,6 +52,7 @@ KERNEL_TUNABLES = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/pani
                    "kernel/keys/root_maxkeys": 1000000, "kernel/keys/root_maxbytes": 25000000}
 READY_TIMEOUT_SECONDS = 120
 EVICTION_MEMORY = "100Mi"
+CPU_NODES = 1  # real nodes of the CPU NodePool besides the GPU ones (real_manifests)
 
 
 def bridge_name(state: Path) -> str:
@@ -223,6 +225,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                                "x509": {"clientCAFile": str(pki.ca)}},
             "authorization": {"mode": "AlwaysAllow"},  # only clients with a certificate of the cluster's CA get in
             "containerRuntimeEndpoint": f"unix://{RUN}/containerd.sock",
+            # the sim's CoreDNS (sim/coredns.py): pods of dnsPolicy ClusterFirst get it and the cluster's search path
+            "clusterDNS": [coredns.ADDRESS], "clusterDomain": coredns.DOMAIN,
             "podLogsDir": str(self.folder / "pod-logs"), "resolvConf": "", "failSwapOn": False,
             "makeIPTablesUtilChains": False, "maxPods": shape.max_pods,
             "registerWithTaints": self.manifest["spec"].get("taints", []),
@@ -232,6 +236,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "evictionHard": {"memory.available": EVICTION_MEMORY, "nodefs.available": "100Mi",
                              "imagefs.available": "100Mi", "nodefs.inodesFree": "1%"},
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            # others' builds fill and free the shared disk by gigabytes within minutes: a pressure that has passed
+            # lets pods in again after 30 s, not the default 5 min
+            "evictionPressureTransitionPeriod": "30s",
         }
 
     def start(self, supervisor: Supervisor, bins: dict[str, Path]) -> None:
@@ -314,11 +321,14 @@ def _wait(done: Callable[[], bool], seconds: float, what: str, check: Callable[[
 
 
 def real_manifests(node_list: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """The first ``count`` GPU nodes of the stack's pools, which real nodes stand for (no kwok annotation)."""
+    """What real nodes stand for (without the kwok annotation): the first ``count`` GPU nodes of the stack's pools,
+    then (with any) the first on-demand node of the CPU NodePool, for CPU-only pods (a CPU-only gang's ranks)."""
     gpu = [n for n in node_list if "nvidia.com/gpu" in n["status"]["capacity"]][:count]
     if len(gpu) < count:
         raise RuntimeError(f"--real-nodes {count}: the stack's pools have {len(gpu)} GPU nodes")
-    return [{**n, "metadata": {k: v for k, v in n["metadata"].items() if k != "annotations"}} for n in gpu]
+    cpu = [n for n in node_list if n["metadata"]["labels"].get(LABEL_NODEPOOL) == NODEPOOL_CPU
+           and n["metadata"]["labels"].get(LABEL_CAPACITY_TYPE) == "on-demand"][:1] if count else []
+    return [{**n, "metadata": {k: v for k, v in n["metadata"].items() if k != "annotations"}} for n in gpu + cpu]
 
 
 def start_all(state: Path, manifests: list[dict[str, Any]], bins: dict[str, Path], pki: certs.Pki, server: str,
@@ -328,6 +338,7 @@ def start_all(state: Path, manifests: list[dict[str, Any]], bins: dict[str, Path
     cgroup_root = f"{_own_cgroup().rstrip('/')}/gpuyard-{network.name}"
     (state / RECORD).write_text(json.dumps({"bridge": network.name, "cgroup": cgroup_root}) + "\n")
     network.create()
+    network.add_address(coredns.ADDRESS)
     nodes = [RealNode(state, index, manifest, cgroup_root) for index, manifest in enumerate(manifests)]
     for node in nodes:
         network.add_address(node.address)

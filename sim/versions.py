@@ -109,7 +109,8 @@ IMAGE_COMPONENTS = (
 
 def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
     """What a real node of `gpuyard sim up --real-nodes` runs besides runc (IMAGE_COMPONENTS): the kubelet and
-    kube-proxy from the control plane's module and tag, containerd, and the CNI plugins that put pods on the bridge."""
+    kube-proxy from the control plane's module and tag, containerd, the CNI plugins that put pods on the bridge, and
+    the cluster DNS."""
     tag = kubernetes_tag(kubernetes_minor)
     cni = ("ipam/host-local", "main/bridge", "main/loopback")
     return (
@@ -122,7 +123,15 @@ def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
         Component("cni-plugins", "v1.10.0", {
             path.split("/")[1]: f"github.com/containernetworking/plugins/plugins/{path}" for path in cni
         }),
+        # the cluster DNS (sim/coredns.py): CoreDNS v1.15.0 (the newest the Go module proxy serves) with the plugins
+        # our main package names, not upstream's main, which links every plugin and its cloud SDKs
+        Component("coredns", "v1.15.0", {"coredns": "gpuyard.dev/sim/coredns"}),
+        INIT_SHELL,
     )
+
+
+# The `sh` of the PyTorchJob init image (sim/pause.py): a static build of mvdan.cc/sh's POSIX shell
+INIT_SHELL = Component("gosh", "v3.14.1", {"gosh": "mvdan.cc/sh/v3/cmd/gosh"}, tags=("netgo", "osusergo"))
 
 
 # Monitoring: built by CI for the tests and by `gpuyard sim up --monitoring` (sim/monitoring.py) on demand.

@@ -50,8 +50,9 @@ def up(
     with_monitoring: bool = typer.Option(False, "--monitoring",
                                          help="kube-state-metrics and Prometheus with the stack's showback rules."),
     real_nodes: bool = typer.Option(False, "--real-nodes",
-                                    help="The stack's first GPU node is a real kubelet (containerd, runc) running real "
-                                         "containers; needs root and cgroup v1."),
+                                    help="The stack's first GPU node and first on-demand CPU node are real kubelets "
+                                         "(containerd, runc) running real containers, with cluster DNS (CoreDNS); "
+                                         "needs root and cgroup v1."),
 ) -> None:
     """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
     from sim.build import BuildError
