@@ -10,7 +10,7 @@ import pytest
 
 from cli_helpers import assert_one_line_error, gpuyard
 from infra.config import load_stack
-from sim.kwok import ANNOTATION_RUNS_FOR
+from sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
 from sim.nodes import SHAPES
 from sim.replay import prepare
 from sim.replay_report import ReplayJob, percentile, summarize
@@ -94,6 +94,27 @@ def test_prepare_renders_annotates_and_refuses_what_never_fits():
     assert refused.manifest is None and "never fits" in refused.refused
 
 
+@pytest.mark.parametrize(("kind", "ends", "serves"), [
+    ("mpijob", ["Launcher"], ["Worker"]),
+    ("volcanojob", ["mpimaster"], ["mpiworker"]),
+    ("pytorchjob", ["Master", "Worker"], []),
+])
+def test_only_the_pods_that_end_by_themselves_carry_the_duration(kind, ends, serves):
+    """An MPI launcher (mpirun) ends after the gang's duration; the workers' sshd serves until the operator ends the
+    job and deletes them (sim/kwok.py serving_templates cites upstream). torchrun's pods all end by themselves."""
+    [job] = prepare(DEV, [Gang(team="nlp", kind=kind, nodes=3, gpus_per_node=1, duration_s=600, arrival_s=0)],
+                    speed=100, nodepools={})
+    spec = job.manifest["spec"]
+    replicas = spec.get("mpiReplicaSpecs") or spec.get("pytorchReplicaSpecs") or {
+        task["name"]: task for task in spec["tasks"]}
+    annotations = {name: replica["template"]["metadata"]["annotations"] for name, replica in replicas.items()}
+    assert sorted(annotations) == sorted(ends + serves)
+    for name in ends:
+        assert annotations[name][ANNOTATION_RUNS_FOR] == "6.000s" and ANNOTATION_SERVES not in annotations[name]
+    for name in serves:
+        assert ANNOTATION_SERVES in annotations[name] and ANNOTATION_RUNS_FOR not in annotations[name]
+
+
 def test_summarize_waits_costs_idle_and_utilization():
     """Two gangs of 2 one-GPU pods on two g6.xlarge (speed 10): vision's waits 1 s (10 s simulated) and runs 100 s;
     nlp's gang holds one GPU for 10 s before the second pod binds, then runs 50 s; one node lives 50 s longer,
@@ -163,6 +184,8 @@ def test_kwok_completes_a_pod_after_the_duration_it_is_annotated_with(tmp_path):
     delay = stages["gpuyard-training-complete"]["spec"]["delay"]
     assert delay["durationMilliseconds"] == TRAINING_RUNS_MILLISECONDS
     assert delay["durationFrom"] == {"jq": {"expression": f'.metadata.annotations["{ANNOTATION_RUNS_FOR}"]'}}
+    assert {"key": f'.metadata.annotations["{ANNOTATION_SERVES}"]', "operator": "DoesNotExist"} in (
+        stages["gpuyard-training-complete"]["spec"]["selector"]["matchExpressions"])
 
 
 @pytest.mark.parametrize(("job", "failed"), [

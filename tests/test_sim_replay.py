@@ -97,6 +97,22 @@ def test_a_replays_jobs_read_back_as_the_clusters_history(sim):
     assert cluster_history([], config) == []
 
 
+def test_mpi_workers_serve_until_their_operator_ends_the_job(sim):
+    """Gangs of a second: the launcher (MPIJob) or master (Volcano Job) alone ends after it, and only once it runs;
+    the workers' sshd serves until then, so the gang runs whole, and the operator then deletes the workers (MPI
+    Operator: cleanPodPolicy Running; Volcano: CompleteJob). Were workers to end on their own, they would be gone
+    before the MPIJob's launcher (created once they are ready) runs: a gang never whole, unexplained."""
+    config = load_stack("dev")
+    gangs = [Gang(team="nlp", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=1, arrival_s=0),
+             Gang(team="vision", kind="volcanojob", nodes=2, gpus_per_node=1, duration_s=1, arrival_s=0)]
+    report = run(sim, config, gangs, 1.0, print, max_wall_s=300)
+    assert (report["admitted"], report["unexplained"], report["failed"]) == (2, 0, 0), report
+    for team, name in (("nlp", "nlp-0000"), ("vision", "vision-0001")):
+        pods = sim.kubectl().items("pods", namespace=config.team(team).namespace, selector=f"gpuyard.io/job={name}")
+        assert [pod["status"]["phase"] for pod in pods] == ["Succeeded"], [
+            (pod["metadata"]["name"], pod["status"]["phase"]) for pod in pods]
+
+
 def test_render_explain_reads_the_teams_queue(sim, tmp_path):
     """vision holds the whole pool (8 GPUs) with one gang; a second waits; the pre-flight of a third says so."""
     config = with_registry(load_stack("dev"))
