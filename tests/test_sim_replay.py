@@ -1,6 +1,6 @@
 """`gpuyard sim replay` on the simulated cluster with Karpenter: a weight change moves two teams' waits the way the
-weights say (one command, two stacks); a replay's jobs read back as the cluster's own history; `render --explain`
-reads a team's queue from the cluster.
+weights say (one command, two stacks); a replay's jobs read back as the cluster's own history; MPI workers serve
+until their operator ends the job; `render --explain` reads a team's queue from the cluster.
 
 Time runs at the wall clock's pace here (``--speed 1``, durations of seconds): the scheduling, not the compression,
 is under test."""
