@@ -104,7 +104,7 @@ def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable
             time.sleep(POLL_SECONDS)
         end = time.monotonic() - t0
         _explain_waiting(kubectl, open_jobs, seen, end)
-        _explain_failed(applied, seen, end)
+        explain_failed(applied, seen, end)
     finally:
         for watch in watches:
             watch.stop()
@@ -148,7 +148,7 @@ def _explain_waiting(kubectl: Kubectl, jobs: list[ReplayJob], seen: Seen, end: f
         job.reason = followed.reason
 
 
-def _explain_failed(jobs: list[ReplayJob], seen: Seen, end: float) -> None:
+def explain_failed(jobs: list[ReplayJob], seen: Seen, end: float) -> None:
     """A gang its operator failed before all its pods ever ran at once is explained by that failure."""
     for job in jobs:
         with seen.lock:

@@ -12,7 +12,7 @@ from cli_helpers import assert_one_line_error, gpuyard
 from infra.config import load_stack
 from sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
 from sim.nodes import SHAPES
-from sim.replay import prepare
+from sim.replay import explain_failed, prepare
 from sim.replay_report import ReplayJob, percentile, summarize
 from sim.watch import Holding, NodeLife, Seen, on_job
 from sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
@@ -150,6 +150,22 @@ def test_summarize_waits_costs_idle_and_utilization():
     assert report["idle_gpu_hours"] == round((161 + 211 - 310) * hours, 2)
     assert report["cost_usd"] == round((161 + 211) * price * hours, 2)
     assert report["explanations"] == [{"gang": "nlp-0002", "team": "nlp", "gpus": 1, "reason": "queue nlp unschedulable"}]
+
+
+def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_failure():
+    """Volcano restarted nlp-0000 after reclaim evictions until maxRetry and failed it, never whole; vision-0001
+    failed after it ran whole (admitted, needs no explanation); nlp-0002 ended never whole without a failure: what
+    the replay cannot tell stays unexplained."""
+    gangs = [ReplayJob(f"{team}-{i:04d}", Gang(team=team, kind="volcanojob", duration_s=60, arrival_s=0), pods=2,
+                       applied_at=0.0) for i, team in enumerate(("nlp", "vision", "nlp"))]
+    seen = Seen(pods={"a": Holding("nlp-0000", "n1", {}, 1, 5), "b": Holding("vision-0001", "n1", {}, 1, 9),
+                      "c": Holding("vision-0001", "n1", {}, 2, 9), "d": Holding("nlp-0002", "n1", {}, 1, 5, True)},
+                evicted={"nlp-0000": {"a", "x"}}, failed={"nlp-0000": "Failed", "vision-0001": "Failed"})
+    explain_failed(gangs, seen, end=20)
+    assert [job.reason for job in gangs] == [
+        "its operator ended it Failed before its 2 pods ran at once (2 reclaim evictions)", "", ""]
+    report = summarize(DEV, gangs, seen, end=20, speed=1)
+    assert (report["admitted"], report["explained"], report["unexplained"]) == (1, 1, 1)
 
 
 def test_percentile_is_nearest_rank():
