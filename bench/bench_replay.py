@@ -6,7 +6,8 @@ The stack is a copy of stacks/Pulumi.prod.yaml (same pools, Karpenter families a
 prod's three teams plus 17 generated ones (weights 1, 2 or 4, quotas of 64 GPUs), written to a temporary stacks
 folder. Each size gets a synthetic trace (seed 1, arrivals over 24 h, shapes 1x1, 1x8, 2x8, 4x8, mean duration
 45 min) and a fresh simulated cluster with Karpenter (sim/replay.py); ``--lock`` holds that file (flock) for each
-replay only, so a shared machine can interleave other simulated clusters between sizes. Prints one JSON object:
+replay only, so a shared machine can interleave other simulated clusters between sizes. Each size's whole report
+goes to stderr as one JSON line as soon as it is done. Prints one JSON object:
 per size ``gangs``, ``admitted``, ``explained``, ``unexplained``, ``gpu_utilization``, ``wall_s`` (and the rest of
 the replay's cluster figures), ``teams`` of the largest size (per team ``wait_p50_s``, ``wait_p95_s``,
 ``cost_usd``, ...), and how wall time grows with the number of gangs.
@@ -67,7 +68,9 @@ def replay(size: int, speed: float, lock: Path | None, state: Path) -> dict:
             report = run(sim, config, gangs, speed, lambda line: print(line, file=sys.stderr))
         finally:
             sim.down()
-    return {**report, "sim_up_s": round(up_s, 1)}
+    report["sim_up_s"] = round(up_s, 1)
+    print(json.dumps({"size": size, **report}), file=sys.stderr)  # kept should a later size be cut short
+    return report
 
 
 def main() -> None:

@@ -2,8 +2,9 @@
 
 Nodes and pods follow kwok's own "fast" stages (sigs.k8s.io/kwok v0.8.0, kustomize/stage/node/fast,
 node/heartbeat, pod/fast: the ones `kwokctl` uses by default), except that a training pod's containers complete
-(exit 0) a few seconds after it runs, whatever owns it, so jobs reach Succeeded. kwok's own pod-complete only
-completes pods owned by a batch/v1 Job (at once). Ray's head and worker pods are servers, not training processes: they keep
+(exit 0) a few seconds after it runs, whatever owns it, so jobs reach Succeeded, unless it serves until its
+operator ends the job (``runs_for``'s ANNOTATION_SERVES). kwok's own pod-complete only completes pods owned by a
+batch/v1 Job (at once). Ray's head and worker pods are servers, not training processes: they keep
 running until KubeRay deletes their RayCluster (the RayJob's submitter, a batch Job's pod, completes).
 """
 
@@ -28,13 +29,45 @@ TRAINING_RUNS_MILLISECONDS = 10000
 ANNOTATION_RUNS_FOR = "gpuyard.io/sim-runs-for"
 
 
+# A pod annotated with this serves (an MPI worker's sshd) until its operator deletes it: kwok never completes it.
+ANNOTATION_SERVES = "gpuyard.io/sim-serves"
+SERVES_UNTIL = "its-job-ends"
+
+
+def serving_templates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of ``manifest`` whose pods never end by themselves: they serve until the operator ends the
+    job. An MPIJob finishes with its launcher Job and the operator then deletes its workers (kubeflow/mpi-operator
+    v0.8.0 pkg/controller/mpi_job_controller.go: updateMPIJobStatus sets Succeeded when the launcher Job is Complete,
+    syncHandler then runs cleanUpWorkerPods under cleanPodPolicy Running, which jobs/render/gang.py sets). A Volcano
+    Job whose task has the policy TaskCompleted -> CompleteJob finishes with that task, and Volcano then kills the
+    other tasks' pods (volcano-sh/volcano v1.14.1 pkg/controllers/job/state/running.go: CompleteJobAction is
+    KillJob with PodRetainPhaseSoft, which keeps only Succeeded and Failed pods). A PyTorchJob's pods all run
+    torchrun and end together (kubeflow/training-operator v1.9.4 pkg/controller.v1/pytorch/pytorchjob_controller.go
+    UpdateJobStatus: the Master's success, or every Worker's), so none of them serves."""
+    spec = manifest["spec"]
+    if manifest["kind"] == "MPIJob":
+        return [spec["mpiReplicaSpecs"]["Worker"]["template"]]
+    if manifest["kind"] == "Job" and manifest["apiVersion"].startswith("batch.volcano.sh/"):
+        completing = {task["name"] for task in spec["tasks"] if {"event": "TaskCompleted", "action": "CompleteJob"}
+                      in task.get("policies", [])}
+        return [task["template"] for task in spec["tasks"] if completing and task["name"] not in completing]
+    return []
+
+
 def runs_for(manifest: dict[str, Any], duration: str) -> dict[str, Any]:
-    """``manifest`` with every pod template annotated to run ``duration`` (a Go duration) under kwok."""
+    """``manifest`` with every pod template annotated to run ``duration`` (a Go duration) under kwok, but those
+    that serve until their operator ends the job (``serving_templates``), annotated so."""
+    serving = [id(template) for template in serving_templates(manifest)]
+
     def visit(tree: Any) -> None:
         if isinstance(tree, dict):
             template = tree.get("template")
             if isinstance(template, dict) and "containers" in template.get("spec", {}):
-                template.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_RUNS_FOR] = duration
+                annotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+                if id(template) in serving:
+                    annotations[ANNOTATION_SERVES] = SERVES_UNTIL
+                else:
+                    annotations[ANNOTATION_RUNS_FOR] = duration
             for value in tree.values():
                 visit(value)
         elif isinstance(tree, list):
@@ -46,8 +79,8 @@ def runs_for(manifest: dict[str, Any], duration: str) -> dict[str, Any]:
 
 
 def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
-    """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``), after a delay:
-    TRAINING_RUNS_MILLISECONDS, or the pod's ANNOTATION_RUNS_FOR."""
+    """kwok's pod-complete stage for our training pods (``app.kubernetes.io/part-of: gpuyard``) but those annotated
+    ANNOTATION_SERVES, after a delay: TRAINING_RUNS_MILLISECONDS, or the pod's ANNOTATION_RUNS_FOR."""
     stage = copy.deepcopy(pod_complete)
     stage["metadata"]["name"] = "gpuyard-training-complete"
     expressions = [e for e in stage["spec"]["selector"]["matchExpressions"] if "ownerReferences" not in e["key"]]
@@ -55,6 +88,7 @@ def training_complete(pod_complete: dict[str, Any]) -> dict[str, Any]:
     # KubeRay labels every RayCluster pod with its node type (ray-operator/controllers/ray/utils/constant.go
     # RayNodeTypeLabelKey)
     expressions.append({"key": '.metadata.labels["ray.io/node-type"]', "operator": "DoesNotExist"})
+    expressions.append({"key": f'.metadata.annotations["{ANNOTATION_SERVES}"]', "operator": "DoesNotExist"})
     stage["spec"]["selector"]["matchExpressions"] = expressions
     stage["spec"]["delay"] = {"durationMilliseconds": TRAINING_RUNS_MILLISECONDS,
                               "durationFrom": {"jq": {"expression": f'.metadata.annotations["{ANNOTATION_RUNS_FOR}"]'}}}

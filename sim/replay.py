@@ -1,8 +1,10 @@
 """`gpuyard sim replay`: a trace of gangs through the simulated cluster with Karpenter, time compressed.
 
 Each gang is rendered as gpuyard renders it (``jobs.render``), placed (``jobs.placement``: a gang the stack can never
-run is explained, not applied) and applied at its arrival divided by ``speed``; its pods carry their run time
-(duration / ``speed``) in the annotation kwok completes them by (sim/kwok.py). The stack's NodePools consolidate
+run is explained, not applied) and applied at its arrival divided by ``speed``; the pods that end by themselves
+(torchrun's, an MPI launcher) carry their run time (duration / ``speed``) in the annotation kwok completes them by,
+MPI workers serve until their operator ends the job, as on a real cluster (sim/kwok.py serving_templates). A gang
+its operator failed before it ever ran whole is explained by that failure. The stack's NodePools consolidate
 after their ``consolidateAfter`` / ``speed``. What happens is read from kubectl watches of pods, nodes and Volcano's
 eviction events (sim/watch.py) and summed up per team (sim/replay_report.py): waits, reclaim evictions, GPU-hours
 held and held idle, and cost, each node priced by its instance type's offering (sim/nodes.py SHAPES, what the
@@ -102,6 +104,7 @@ def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable
             time.sleep(POLL_SECONDS)
         end = time.monotonic() - t0
         _explain_waiting(kubectl, open_jobs, seen, end)
+        explain_failed(applied, seen, end)
     finally:
         for watch in watches:
             watch.stop()
@@ -143,3 +146,15 @@ def _explain_waiting(kubectl: Kubectl, jobs: list[ReplayJob], seen: Seen, end: f
             job.reason = str(error)
             continue
         job.reason = followed.reason
+
+
+def explain_failed(jobs: list[ReplayJob], seen: Seen, end: float) -> None:
+    """A gang its operator failed before all its pods ever ran at once is explained by that failure."""
+    for job in jobs:
+        with seen.lock:
+            failed = seen.failed.get(job.name)
+            holdings = [h for h in seen.pods.values() if h.job == job.name]
+            evicted = len(seen.evicted.get(job.name, ()))
+        if failed and not job.reason and gang_whole(holdings, job.pods, end)[0] is None:
+            job.reason = f"its operator ended it {failed} before its {job.pods} pods ran at once " \
+                         f"({evicted} reclaim evictions)"

@@ -22,8 +22,9 @@ from infra.conventions import GPU_RESOURCE
 from infra.validation import validation_message
 from sim.preflight import pod_sets
 
-# Kinds whose pods kwok completes after the gang's duration (sim/kwok.py); Ray's pods are servers that never end
-# by themselves there and TrainJob's pods come from its runtime, which carries no per-job annotation.
+# Kinds kwok ends after the gang's duration (sim/kwok.py runs_for: the pods that end by themselves carry it, MPI
+# workers serve until their operator ends the job); Ray's pods are servers that never end by themselves there and
+# TrainJob's pods come from its runtime, which carries no per-job annotation.
 REPLAYED_KINDS = ("pytorchjob", "mpijob", "volcanojob")
 KIND_OF = {"PyTorchJob": "pytorchjob", "MPIJob": "mpijob", "Job": "volcanojob"}
 JOB_RESOURCES = {"pytorchjob": "pytorchjobs.kubeflow.org", "mpijob": "mpijobs.kubeflow.org",

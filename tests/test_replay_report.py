@@ -10,9 +10,9 @@ import pytest
 
 from cli_helpers import assert_one_line_error, gpuyard
 from infra.config import load_stack
-from sim.kwok import ANNOTATION_RUNS_FOR
+from sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
 from sim.nodes import SHAPES
-from sim.replay import prepare
+from sim.replay import explain_failed, prepare
 from sim.replay_report import ReplayJob, percentile, summarize
 from sim.watch import Holding, NodeLife, Seen, on_job
 from sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
@@ -94,6 +94,27 @@ def test_prepare_renders_annotates_and_refuses_what_never_fits():
     assert refused.manifest is None and "never fits" in refused.refused
 
 
+@pytest.mark.parametrize(("kind", "ends", "serves"), [
+    ("mpijob", ["Launcher"], ["Worker"]),
+    ("volcanojob", ["mpimaster"], ["mpiworker"]),
+    ("pytorchjob", ["Master", "Worker"], []),
+])
+def test_only_the_pods_that_end_by_themselves_carry_the_duration(kind, ends, serves):
+    """An MPI launcher (mpirun) ends after the gang's duration; the workers' sshd serves until the operator ends the
+    job and deletes them (sim/kwok.py serving_templates cites upstream). torchrun's pods all end by themselves."""
+    [job] = prepare(DEV, [Gang(team="nlp", kind=kind, nodes=3, gpus_per_node=1, duration_s=600, arrival_s=0)],
+                    speed=100, nodepools={})
+    spec = job.manifest["spec"]
+    replicas = spec.get("mpiReplicaSpecs") or spec.get("pytorchReplicaSpecs") or {
+        task["name"]: task for task in spec["tasks"]}
+    annotations = {name: replica["template"]["metadata"]["annotations"] for name, replica in replicas.items()}
+    assert sorted(annotations) == sorted(ends + serves)
+    for name in ends:
+        assert annotations[name][ANNOTATION_RUNS_FOR] == "6.000s" and ANNOTATION_SERVES not in annotations[name]
+    for name in serves:
+        assert ANNOTATION_SERVES in annotations[name] and ANNOTATION_RUNS_FOR not in annotations[name]
+
+
 def test_summarize_waits_costs_idle_and_utilization():
     """Two gangs of 2 one-GPU pods on two g6.xlarge (speed 10): vision's waits 1 s (10 s simulated) and runs 100 s;
     nlp's gang holds one GPU for 10 s before the second pod binds, then runs 50 s; one node lives 50 s longer,
@@ -131,6 +152,22 @@ def test_summarize_waits_costs_idle_and_utilization():
     assert report["explanations"] == [{"gang": "nlp-0002", "team": "nlp", "gpus": 1, "reason": "queue nlp unschedulable"}]
 
 
+def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_failure():
+    """Volcano restarted nlp-0000 after reclaim evictions until maxRetry and failed it, never whole; vision-0001
+    failed after it ran whole (admitted, needs no explanation); nlp-0002 ended never whole without a failure: what
+    the replay cannot tell stays unexplained."""
+    gangs = [ReplayJob(f"{team}-{i:04d}", Gang(team=team, kind="volcanojob", duration_s=60, arrival_s=0), pods=2,
+                       applied_at=0.0) for i, team in enumerate(("nlp", "vision", "nlp"))]
+    seen = Seen(pods={"a": Holding("nlp-0000", "n1", {}, 1, 5), "b": Holding("vision-0001", "n1", {}, 1, 9),
+                      "c": Holding("vision-0001", "n1", {}, 2, 9), "d": Holding("nlp-0002", "n1", {}, 1, 5, True)},
+                evicted={"nlp-0000": {"a", "x"}}, failed={"nlp-0000": "Failed", "vision-0001": "Failed"})
+    explain_failed(gangs, seen, end=20)
+    assert [job.reason for job in gangs] == [
+        "its operator ended it Failed before its 2 pods ran at once (2 reclaim evictions)", "", ""]
+    report = summarize(DEV, gangs, seen, end=20, speed=1)
+    assert (report["admitted"], report["explained"], report["unexplained"]) == (1, 1, 1)
+
+
 def test_percentile_is_nearest_rank():
     assert percentile([], 0.5) is None
     assert (percentile([3, 1, 2], 0.5), percentile(list(range(1, 101)), 0.95)) == (2, 95)
@@ -163,6 +200,8 @@ def test_kwok_completes_a_pod_after_the_duration_it_is_annotated_with(tmp_path):
     delay = stages["gpuyard-training-complete"]["spec"]["delay"]
     assert delay["durationMilliseconds"] == TRAINING_RUNS_MILLISECONDS
     assert delay["durationFrom"] == {"jq": {"expression": f'.metadata.annotations["{ANNOTATION_RUNS_FOR}"]'}}
+    assert {"key": f'.metadata.annotations["{ANNOTATION_SERVES}"]', "operator": "DoesNotExist"} in (
+        stages["gpuyard-training-complete"]["spec"]["selector"]["matchExpressions"])
 
 
 @pytest.mark.parametrize(("job", "failed"), [

@@ -1,6 +1,6 @@
 """`gpuyard sim replay` on the simulated cluster with Karpenter: a weight change moves two teams' waits the way the
-weights say (one command, two stacks); a replay's jobs read back as the cluster's own history; `render --explain`
-reads a team's queue from the cluster.
+weights say (one command, two stacks); a replay's jobs read back as the cluster's own history; MPI workers serve
+until their operator ends the job; `render --explain` reads a team's queue from the cluster.
 
 Time runs at the wall clock's pace here (``--speed 1``, durations of seconds): the scheduling, not the compression,
 is under test."""
@@ -95,6 +95,22 @@ def test_a_replays_jobs_read_back_as_the_clusters_history(sim):
         assert original.duration_s - 2 <= replayed["duration_s"] <= original.duration_s + 15, read
     assert read[0]["arrival_s"] == 0 and read[1]["arrival_s"] < read[2]["arrival_s"]
     assert cluster_history([], config) == []
+
+
+def test_mpi_workers_serve_until_their_operator_ends_the_job(sim):
+    """Gangs of a second: the launcher (MPIJob) or master (Volcano Job) alone ends after it, and only once it runs;
+    the workers' sshd serves until then, so the gang runs whole, and the operator then deletes the workers (MPI
+    Operator: cleanPodPolicy Running; Volcano: CompleteJob). Were workers to end on their own, they would be gone
+    before the MPIJob's launcher (created once they are ready) runs: a gang never whole, unexplained."""
+    config = load_stack("dev")
+    gangs = [Gang(team="nlp", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=1, arrival_s=0),
+             Gang(team="vision", kind="volcanojob", nodes=2, gpus_per_node=1, duration_s=1, arrival_s=0)]
+    report = run(sim, config, gangs, 1.0, print, max_wall_s=300)
+    assert (report["admitted"], report["unexplained"], report["failed"]) == (2, 0, 0), report
+    for team, name in (("nlp", "nlp-0000"), ("vision", "vision-0001")):
+        pods = sim.kubectl().items("pods", namespace=config.team(team).namespace, selector=f"gpuyard.io/job={name}")
+        assert [pod["status"]["phase"] for pod in pods] == ["Succeeded"], [
+            (pod["metadata"]["name"], pod["status"]["phase"]) for pod in pods]
 
 
 def test_render_explain_reads_the_teams_queue(sim, tmp_path):
