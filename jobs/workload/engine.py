@@ -26,6 +26,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -132,10 +133,38 @@ def storage_writer(storage: Storage, rank: int, pinned: bool = False):
         region, client = _s3_client(rank)
         writer = S3StorageWriter(region, storage.uri, thread_count=S3_WRITE_STREAMS, cache_staged_state_dict=pinned)
         writer.fs = S3FileSystem(region, s3_client=client)
-        return writer
+        return _raising_every_write_error(writer)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemWriter(storage.root, sync_files=True, cache_staged_state_dict=pinned)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
+
+
+def _raising_every_write_error(writer):
+    """``writer`` whose ``write_data`` raises if any of its files failed. With ``thread_count`` > 1 DCP writes all
+    but one file on threads whose exceptions it drops: the thread dies, its files' results are missing and the save
+    returns as if done (torch 2.13.0 torch/distributed/checkpoint/filesystem.py, ``_write_files_from_queue`` catches
+    only ``queue.Empty``; ``_FileSystemWriter._write_data`` joins the threads and returns what the queue holds)."""
+    errors: list[BaseException] = []
+    create_stream, write_data = writer.fs.create_stream, writer.write_data
+
+    @contextmanager
+    def recording(path, mode):
+        try:
+            with create_stream(path, mode) as stream:
+                yield stream
+        except BaseException as error:
+            errors.append(error)
+            raise
+
+    def checked(plan, planner):
+        errors.clear()
+        done = write_data(plan, planner)
+        if errors:
+            raise errors[0]
+        return done
+
+    writer.fs.create_stream, writer.write_data = recording, checked
+    return writer
 
 
 def storage_reader(storage: Storage, rank: int):
