@@ -259,29 +259,24 @@ def serialize(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-class BackgroundSaver:
-    """Serializes a state at once and uploads it on a daemon thread; one save in flight at a time.
+def save_estimate(manifest: dict[str, Any] | None, probe: Callable[[], tuple[int, float]]) -> tuple[int, float, str]:
+    """Bytes and seconds of a save: the newest checkpoint's (its manifest's ``bytes`` and ``upload_seconds``), else
+    ``probe()``'s; the one rule of both checkpoint formats."""
+    if manifest and "upload_seconds" in manifest:
+        return manifest["bytes"], manifest["upload_seconds"], "last checkpoint"
+    return (*probe(), "probe")
 
-    ``durable`` is the URI of the newest checkpoint whose manifest is written. A daemon thread never
-    holds the process past its grace period: a save still running at exit is abandoned, and a save
-    without its manifest is never read.
-    """
 
-    def __init__(self, checkpointer: Checkpointer, durable: str | None = None, durable_step: int | None = None):
-        self.checkpointer = checkpointer
-        self.durable, self.durable_step = durable, durable_step
+class SaveThread:
+    """At most one save in flight, on a daemon thread: a daemon thread never holds the process past its grace
+    period (a save still running at exit is abandoned; without its manifest it is never read)."""
+
+    def __init__(self):
         self._thread: threading.Thread | None = None
 
-    def submit(self, step: int, state: dict[str, Any], **details: Any) -> None:
-        self.wait()
-        payload = serialize(state)
-        self._thread = threading.Thread(target=self._save, args=(step, payload, details), name="checkpoint",
-                                        daemon=True)
+    def start(self, target: Callable[..., None], *args: Any) -> None:
+        self._thread = threading.Thread(target=target, args=args, name="checkpoint", daemon=True)
         self._thread.start()
-
-    def _save(self, step: int, payload: bytes, details: dict[str, Any]) -> None:
-        if self.checkpointer.save(step, payload, **details):
-            self.durable, self.durable_step = self.checkpointer.uri(step), step
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once no save is in flight; False if one still runs after ``timeout`` seconds."""
@@ -291,3 +286,24 @@ class BackgroundSaver:
                 return False
             self._thread = None
         return True
+
+
+class BackgroundSaver:
+    """Serializes a state at once and uploads it on a SaveThread. ``durable`` is the URI of the newest checkpoint
+    whose manifest is written."""
+
+    def __init__(self, checkpointer: Checkpointer, durable: str | None = None, durable_step: int | None = None):
+        self.checkpointer = checkpointer
+        self.durable, self.durable_step = durable, durable_step
+        self._saving = SaveThread()
+
+    def submit(self, step: int, state: dict[str, Any], **details: Any) -> None:
+        self.wait()
+        self._saving.start(self._save, step, serialize(state), details)
+
+    def _save(self, step: int, payload: bytes, details: dict[str, Any]) -> None:
+        if self.checkpointer.save(step, payload, **details):
+            self.durable, self.durable_step = self.checkpointer.uri(step), step
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._saving.wait(timeout)

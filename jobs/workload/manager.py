@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from jobs.workload.checkpoint import (BackgroundSaver, Checkpoint, Checkpointer, CorruptCheckpoint, IdentityMismatch,
-                                       serialize)
+                                       save_estimate, serialize)
 from jobs.workload.dist import DistEnv
 from jobs.workload.storage import StorageError
 
@@ -110,14 +110,14 @@ class CheckpointManager:
         upload probe of at most 1 MiB (never a whole extra checkpoint); None elsewhere. Raises StorageError."""
         if not self.saver:
             return None
-        manifest = self.checkpointer.newest_manifest()
-        if manifest and "upload_seconds" in manifest:
-            return manifest["bytes"], manifest["upload_seconds"], "last checkpoint"
-        started = time.perf_counter()
-        mine = {name: stateful.state_dict() for name, stateful in self.per_rank.items()}
-        size = len(serialize(self._state(0, [mine] * self.env.world_size)))
-        serialized = time.perf_counter() - started
-        return size, serialized + self.checkpointer.upload_seconds(size), "probe"
+
+        def probe() -> tuple[int, float]:
+            started = time.perf_counter()
+            mine = {name: stateful.state_dict() for name, stateful in self.per_rank.items()}
+            size = len(serialize(self._state(0, [mine] * self.env.world_size)))
+            serialized = time.perf_counter() - started
+            return size, serialized + self.checkpointer.upload_seconds(size)
+        return save_estimate(self.checkpointer.newest_manifest(), probe)
 
     def _state(self, step: int, ranks: list[Any]) -> dict[str, Any]:
         return {"step": step, **{name: s.state_dict() for name, s in self.shared.items()}, RANKS: ranks}

@@ -11,7 +11,6 @@ is saved under ``rank<N>`` by rank N, the step under ``step``; a rank that did n
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -22,7 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from jobs.workload.checkpoint import CorruptCheckpoint, IdentityMismatch, manifest_name, probe_upload_seconds
+from jobs.workload.checkpoint import (CorruptCheckpoint, IdentityMismatch, SaveThread, manifest_name,
+                                       probe_upload_seconds, save_estimate)
 from jobs.workload import dist as launcher
 from jobs.workload.dist import DistEnv
 from jobs.workload.engine import ModelState, OptimizerState, ShardedCheckpointer, storage_reader, storage_writer
@@ -62,7 +62,7 @@ class ShardedCheckpointManager:
         self.durable: str | None = None
         self.durable_step: int | None = None
         self.last_blocked_seconds = 0.0
-        self._thread: threading.Thread | None = None
+        self._saving = SaveThread()
         distributed = env.world_size > 1 and dist.is_initialized()
         # a group of its own: the save's collectives run on its thread while training's run on the main group
         self.group = dist.new_group(backend="gloo") if checkpointer and distributed else None
@@ -107,9 +107,7 @@ class ShardedCheckpointManager:
                                 checkpoint_id=self.checkpointer.checkpoint_id(step), storage_writer=self._writer,
                                 process_group=self.group, no_dist=self._no_dist)
         self.last_blocked_seconds = time.perf_counter() - started
-        self._thread = threading.Thread(target=self._finish_save, args=(step, future, started, details),
-                                        name="checkpoint", daemon=True)
-        self._thread.start()
+        self._saving.start(self._finish_save, step, future, started, details)
         return True
 
     def _finish_save(self, step: int, future: Future, started: float, details: dict[str, Any]) -> None:
@@ -124,29 +122,26 @@ class ShardedCheckpointManager:
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once this rank's save is done (rank 0: published); False if it still runs after ``timeout``."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-            self._thread = None
-        return True
+        return self._saving.wait(timeout)
 
     def save_estimate(self) -> tuple[int, float, str] | None:
         """Rank 0: bytes and seconds of a save, from the newest manifest, else from this rank's share of the state
         and an upload probe of at most 1 MiB; None elsewhere. Raises StorageError."""
         if not self.publishes:
             return None
-        newest = self.checkpointer.manifests()
+        newest, manifest = self.checkpointer.manifests(), None
         if newest:
             try:
                 manifest = self.checkpointer.verify(newest[0])
-                return manifest["bytes"], manifest["upload_seconds"], "last checkpoint"
             except (CorruptCheckpoint, IdentityMismatch):
                 pass
-        local = sum(t.numel() * t.element_size() for s in self.shared.values() if hasattr(s, "state_dict")
-                    for t in _tensors(s.state_dict()))
-        share = local // self.env.world_size if self.replicated else local
-        return share * self.env.world_size, probe_upload_seconds(self.checkpointer.storage, share), "probe"
+
+        def probe() -> tuple[int, float]:
+            local = sum(t.numel() * t.element_size() for s in self.shared.values() if hasattr(s, "state_dict")
+                        for t in _tensors(s.state_dict()))
+            share = local // self.env.world_size if self.replicated else local
+            return share * self.env.world_size, probe_upload_seconds(self.checkpointer.storage, share)
+        return save_estimate(manifest, probe)
 
     def load(self) -> Resumed | None:
         """Collective: every rank loads the checkpoint rank 0 chose, or none; raises ResumeFailed or
