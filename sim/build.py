@@ -15,11 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sim.paths import bin_dir
+from sim.paths import BUILD_RECORD, bin_dir, built
 from sim.versions import Component, components, tools
-
-BUILD_RECORD = "build.json"
-
 
 class BuildError(RuntimeError):
     """A `go build` that failed; the message ends with its last lines of output."""
@@ -27,13 +24,6 @@ class BuildError(RuntimeError):
 
 def go_available() -> bool:
     return shutil.which("go") is not None
-
-
-def built(component: Component) -> Path | None:
-    """The cache folder of ``component`` if a build finished there with every binary it now names."""
-    directory = bin_dir(component.name, component.version)
-    complete = (directory / BUILD_RECORD).is_file() and all((directory / name).is_file() for name in component.binaries)
-    return directory if complete else None
 
 
 def _go_env() -> dict[str, str]:

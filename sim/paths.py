@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.stack_file import check_stack_name
+
+if TYPE_CHECKING:
+    from sim.versions import Component
 
 CACHE_ENV = "GPUYARD_CACHE"
 # Written by `gpuyard sim up` into every folder it makes for a cluster (its state folder, the folders upstream
 # hard-codes elsewhere), naming the state folder; `down` removes a folder only when it holds this file.
 OWNER_FILE = ".gpuyard-sim"
+BUILD_RECORD = "build.json"  # written last by a component's build (sim/build.py)
 
 
 def cache_root() -> Path:
@@ -20,6 +25,13 @@ def cache_root() -> Path:
 
 def bin_dir(component: str, version: str) -> Path:
     return cache_root() / "bin" / f"{component}-{version}"
+
+
+def built(component: Component) -> Path | None:
+    """The cache folder of ``component`` if a build finished there with every binary it now names."""
+    directory = bin_dir(component.name, component.version)
+    complete = (directory / BUILD_RECORD).is_file() and all((directory / name).is_file() for name in component.binaries)
+    return directory if complete else None
 
 
 def state_root() -> Path:

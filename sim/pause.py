@@ -20,8 +20,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from sim.build import built
-from sim.paths import cache_root
+from sim.paths import built, cache_root
 from sim.registry import Registry
 from sim.versions import INIT_SHELL
 
