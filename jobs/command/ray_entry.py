@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any
 
 from infra.conventions import EXIT_RETRYABLE
-from jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, Driver, _on_this_node
+from jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, Driver
 from jobs.workload.torchrun import worker_status
 
 
@@ -101,51 +99,9 @@ class CommandDriver(Driver):
         self.cwd = os.getcwd()
 
     def _attempt(self) -> int:
-        from ray.train import RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-        from ray.util.queue import Queue
-
-        lines = Queue(actor_options={"num_cpus": 0, **_on_this_node()})
-        codes: dict[int, int] = {}
-        ended = threading.Event()
-        printer = threading.Thread(target=_print_lines, args=(lines, codes, self.launcher.num_workers, ended),
-                                   name="lines", daemon=True)
-        printer.start()
-        try:
-            with tempfile.TemporaryDirectory(prefix="gpuyard-ray-") as results:
-                TorchTrainer(
-                    _command_loop,
-                    train_loop_config={"command": [sys.executable, *self.trainer_argv], "cwd": self.cwd,
-                                       "lines": lines, "stop": self.flag},
-                    scaling_config=ScalingConfig(num_workers=self.launcher.num_workers, use_gpu=self.launcher.use_gpu),
-                    run_config=RunConfig(name="gpuyard-command", storage_path=results),
-                ).fit()
-        except Exception as error:  # a worker (or its node) was lost: the group failed
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            sys.stderr.write(f"ray_entry: the worker group failed: {first_line}\n")
-        finally:
-            ended.set()
-            printer.join(timeout=30)
-            self.flag.finish.remote()
+        config = {"command": [sys.executable, *self.trainer_argv], "cwd": self.cwd}
+        codes = self._fit(_command_loop, config, "gpuyard-command", reporting=self.launcher.num_workers)
         return attempt_status(codes, self.launcher.num_workers)
-
-
-def _print_lines(lines: Any, codes: dict[int, int], workers: int, ended: threading.Event) -> None:
-    """Print every rank's lines as they come, until every rank's status arrived (or the attempt ended)."""
-    while len(codes) < workers:
-        try:
-            stream, item = lines.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if ended.is_set():
-                return
-            continue
-        if stream == "exit":
-            rank, code = item
-            codes[rank] = code
-            continue
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write(item)
-        out.flush()
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -111,7 +111,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     finally:
         finished.set()
     if env.is_main:
-        lines.put(("exit", outcome.exit_code))
+        lines.put(("exit", (env.rank, outcome.exit_code)))
 
 
 def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -174,21 +174,28 @@ class Driver:
         return exit_code
 
     def _attempt(self) -> int:
+        codes = self._fit(_train_loop, {"argv": self.trainer_argv}, "gpuyard-train", reporting=1)
+        return codes.get(0, EXIT_RETRYABLE)
+
+    def _fit(self, loop: Any, config: dict[str, Any], name: str, reporting: int) -> dict[int, int]:
+        """Run `loop` once on a Ray Train worker group, printing the lines of the first `reporting` ranks as they
+        come; the exit statuses they reported, by rank (a rank missing: the group failed before it reported)."""
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
         from ray.util.queue import Queue
 
         lines = Queue(actor_options={"num_cpus": 0, **_on_this_node()})
-        result: dict[str, int] = {}
+        codes: dict[int, int] = {}
         ended = threading.Event()
-        printer = threading.Thread(target=_print_lines, args=(lines, result, ended), name="lines", daemon=True)
+        printer = threading.Thread(target=print_lines, args=(lines, codes, reporting, ended), name="lines",
+                                   daemon=True)
         printer.start()
         try:
             with tempfile.TemporaryDirectory(prefix="gpuyard-ray-") as results:
                 TorchTrainer(
-                    _train_loop, train_loop_config={"argv": self.trainer_argv, "lines": lines, "stop": self.flag},
+                    loop, train_loop_config={**config, "lines": lines, "stop": self.flag},
                     scaling_config=ScalingConfig(num_workers=self.launcher.num_workers, use_gpu=self.launcher.use_gpu),
-                    run_config=RunConfig(name="gpuyard-train", storage_path=results),
+                    run_config=RunConfig(name=name, storage_path=results),
                 ).fit()
         except Exception as error:  # a worker (or its node) was lost, or a worker raised: the group failed
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -197,7 +204,7 @@ class Driver:
             ended.set()
             printer.join(timeout=30)
             self.flag.finish.remote()
-        return result.get("exit", EXIT_RETRYABLE)
+        return codes
 
     def _wait_for_one_gone(self, nodes: set[str]) -> None:
         """Until a node of the attempt has left the cluster (bounded by a pod's grace period), so the next attempt
@@ -222,20 +229,22 @@ def _alive_nodes() -> set[str]:
     return {node["NodeID"] for node in ray.nodes() if node["Alive"]}
 
 
-def _print_lines(lines: Any, result: dict[str, int], ended: threading.Event) -> None:
-    """Print rank 0's lines as they come, until its exit status arrives (or the attempt ended without one)."""
-    while True:
+def print_lines(lines: Any, codes: dict[int, int], ranks: int, ended: threading.Event) -> None:
+    """Print the lines of ranks 0..`ranks`-1 as they come, until each sent its exit status to `codes` (or the
+    attempt ended without)."""
+    while len(codes) < ranks:
         try:
-            stream, text = lines.get(timeout=POLL_SECONDS)
+            stream, item = lines.get(timeout=POLL_SECONDS)
         except queue.Empty:
             if ended.is_set():
                 return
             continue
         if stream == "exit":
-            result["exit"] = text
-            return
+            rank, code = item
+            codes[rank] = code
+            continue
         out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write(text)
+        out.write(item)
         out.flush()
 
 
