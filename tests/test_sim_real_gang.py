@@ -27,9 +27,8 @@ import pytest
 from infra.config import load_stack
 from jobs.local_aws import CREDENTIALS, free_port
 from sim import coredns, pause, realnode
-from sim.cluster import Sim
 from sim.images import build_images
-from sim.processes import alive, zombie
+from sim_running import running_sim
 
 pytestmark = [
     pytest.mark.sim,
@@ -47,13 +46,9 @@ POD_TIMEOUT_SECONDS = 300
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1)
-    cluster.up(print)
-    record = json.loads((cluster.state / realnode.RECORD).read_text())
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
+        record = json.loads((cluster.state / realnode.RECORD).read_text())
+        yield cluster
     assert not Path(f"/sys/class/net/{record['bridge']}").exists()
 
 

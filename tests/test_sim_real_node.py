@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from sim import nodes, realnode
-from sim.cluster import Sim
 from sim.images import build_images
-from sim.processes import alive, zombie
+from sim_running import running_sim
 
 pytestmark = [
     pytest.mark.sim,
@@ -38,14 +37,9 @@ TRAINER_ENV = {"PET_NPROC_PER_NODE": "1", "PET_NNODES": "1", "PET_STANDALONE": "
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    cluster = Sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1)
-    cluster.up(print)
-    record = json.loads((cluster.state / realnode.RECORD).read_text())
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not cluster.state.exists()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
+        record = json.loads((cluster.state / realnode.RECORD).read_text())
+        yield cluster
     assert not Path(f"/sys/class/net/{record['bridge']}").exists()
     assert not [h for h in realnode.hierarchies() if (h / record["cgroup"].strip("/")).exists()]
 
