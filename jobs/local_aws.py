@@ -1,4 +1,4 @@
-"""A real local AWS endpoint: ``moto_server`` on 127.0.0.1, as a subprocess.
+"""A real local AWS endpoint: ``moto_server`` on 127.0.0.1 (or another local address), as a subprocess.
 
 Used by ``gpuyard demo`` (no cloud account) and by the tests. ``stop()`` and
 ``start()`` keep the same port, so a test can take the endpoint away for a while.
@@ -36,16 +36,17 @@ def _moto_command() -> list[str]:
 
 
 class LocalAWS:
-    """moto_server on 127.0.0.1; ``env`` points boto3 (and child processes) at it."""
+    """moto_server on ``host`` (127.0.0.1 unless told); ``env`` points boto3 (and child processes) at it."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None):
+    def __init__(self, port: int | None = None, log_path: Path | None = None, host: str = HOST):
+        self.host = host
         self.port = port or free_port()
         self.log_path = log_path
         self._process: subprocess.Popen | None = None
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -63,7 +64,7 @@ class LocalAWS:
     def start(self, timeout: float = 30.0) -> "LocalAWS":
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._process = subprocess.Popen(
-            [*_moto_command(), "-H", HOST, "-p", str(self.port)],
+            [*_moto_command(), "-H", self.host, "-p", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS}, start_new_session=True,
             preexec_fn=die_with_parent,
         )

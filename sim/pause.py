@@ -68,18 +68,20 @@ def _layer(busybox: bytes, shell: bytes) -> bytes:
         folder = tarfile.TarInfo("bin")
         folder.type, folder.mode = tarfile.DIRTYPE, 0o755
         archive.addfile(folder)
-        member = tarfile.TarInfo("bin/busybox")
-        member.size, member.mode = len(busybox), 0o755
-        archive.addfile(member, io.BytesIO(busybox))
+        _add_executable(archive, "bin/busybox", busybox)
         for applet in APPLETS:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname, link.mode = tarfile.SYMTYPE, "busybox", 0o777
             archive.addfile(link)
-        for name, data in (("bin/nslookup", NSLOOKUP), ("bin/sh", shell)):
-            member = tarfile.TarInfo(name)
-            member.size, member.mode = len(data), 0o755
-            archive.addfile(member, io.BytesIO(data))
+        _add_executable(archive, "bin/nslookup", NSLOOKUP)
+        _add_executable(archive, "bin/sh", shell)
     return buffer.getvalue()
+
+
+def _add_executable(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    member = tarfile.TarInfo(name)
+    member.size, member.mode = len(data), 0o755
+    archive.addfile(member, io.BytesIO(data))
 
 
 def _digest(data: bytes) -> str:

@@ -18,17 +18,15 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import boto3
 import pytest
 
 from infra.config import load_stack
-from jobs.local_aws import CREDENTIALS, free_port
+from jobs.local_aws import CREDENTIALS, LocalAWS
 from sim import coredns, pause, realnode
 from sim.images import build_images
-from sim_running import running_sim
+from sim_running import pod_ended, running_sim
 
 pytestmark = [
     pytest.mark.sim,
@@ -47,18 +45,7 @@ POD_TIMEOUT_SECONDS = 300
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
-        record = json.loads((cluster.state / realnode.RECORD).read_text())
         yield cluster
-    assert not Path(f"/sys/class/net/{record['bridge']}").exists()
-
-
-def _wait_pod(kubectl, name: str, namespace: str = "default") -> dict:
-    deadline = time.monotonic() + POD_TIMEOUT_SECONDS
-    while True:
-        pod = kubectl.get("pod", name, namespace)
-        if pod["status"].get("phase") in ("Succeeded", "Failed") or time.monotonic() > deadline:
-            return pod
-        time.sleep(1)
 
 
 def _busybox_pod(name: str, image: str, script: str, labels: dict[str, str] | None = None) -> dict:
@@ -86,7 +73,7 @@ def test_pods_on_a_real_node_resolve_services_and_headless_services_through_the_
               "nslookup dns-target.default.svc.cluster.local; nslookup dns-target; "
               "if nslookup missing.default.svc.cluster.local; then exit 3; fi")
     kubectl.apply([_busybox_pod("dns-client", busybox, script)])
-    client = _wait_pod(kubectl, "dns-client")
+    client = pod_ended(kubectl, "dns-client", "default", POD_TIMEOUT_SECONDS)
     logs = kubectl.run("logs", "dns-client", "-n", "default")
     print(logs)
     assert client["status"]["phase"] == "Succeeded", logs + json.dumps(client["status"])[-2000:]
@@ -99,22 +86,6 @@ def test_pods_on_a_real_node_resolve_services_and_headless_services_through_the_
     assert answers.count(("dns-target.default.svc.cluster.local", target_ip)) == 2 and target_ip.startswith("10.244.1.")
     assert not [name for name, _ in answers if name.startswith("missing.")]
     kubectl.run("delete", "pod", "dns-target", "dns-client", "-n", "default", "--grace-period=1")
-
-
-def _moto_on_the_bridge(log: Path) -> tuple[subprocess.Popen, str]:
-    """moto_server on the bridge's own address, which the pods reach (and nothing outside the sim's namespace)."""
-    port = free_port()
-    endpoint = f"http://{realnode.GATEWAY}:{port}"
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", realnode.GATEWAY, "-p", str(port)],
-                              stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-            return server, endpoint
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
 
 
 def _job_state(kubectl) -> str:
@@ -133,15 +104,16 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
     others = [name for name in pool.split() if name != f"node/{CPU_NODE}"]
     assert others
     kubectl.run("cordon", *others)
-    server, endpoint = _moto_on_the_bridge(tmp_path / "moto.log")
-    try:
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name=config.region,
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    # moto_server on the bridge's own address, which the pods reach (and nothing outside the sim's namespace)
+    with LocalAWS(log_path=tmp_path / "moto.log", host=realnode.GATEWAY) as aws:
+        s3 = boto3.client("s3", endpoint_url=aws.endpoint_url, region_name=config.region,
+                          aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
         s3.create_bucket(Bucket=config.checkpoint_bucket,
                          CreateBucketConfiguration={"LocationConstraint": config.region})
         # LOGLEVEL: torchrun's agent then logs each rank's place in the rendezvous (torch/distributed/elastic
         # utils/logging.py reads it; its default is WARNING)
-        env = {**CREDENTIALS, "AWS_DEFAULT_REGION": config.region, "AWS_ENDPOINT_URL": endpoint, "LOGLEVEL": "INFO"}
+        env = {**aws.env, "AWS_DEFAULT_REGION": config.region, "LOGLEVEL": "INFO"}
         rendered = subprocess.run(
             [sys.executable, "-m", "jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", "pytorchjob",
              "--name", JOB, "--gpus-per-node", "0", "--cpu", "0.9", "--epochs", "2",
@@ -167,7 +139,7 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
         assert master_ip in init, init
         done = [json.loads(line) for line in logs[f"{JOB}-master-0"].splitlines() if line.startswith('{"event": "done"')]
         assert len(done) == 1 and done[0]["epochs"] == 2
-        prefix = f"{next(t for t in config.teams if t.name == TEAM).checkpoint_prefix}{JOB}/"
+        prefix = f"{config.team(TEAM).checkpoint_prefix}{JOB}/"
         assert done[0]["checkpoint"].startswith(f"s3://{config.checkpoint_bucket}/{prefix}")
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=config.checkpoint_bucket, Prefix=prefix).get("Contents", [])]
         assert keys, f"no checkpoint under s3://{config.checkpoint_bucket}/{prefix}"
@@ -176,6 +148,3 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
             status = pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]
             assert status["exitCode"] == 0
             assert f"group_rank={rank}\n" in logs[name] and "group_world_size=2\n" in logs[name], logs[name][-3000:]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -12,15 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from sim import nodes, realnode
+from sim import nodes
 from sim.images import build_images
-from sim_running import running_sim
+from sim_running import pod_ended, running_sim
 
 pytestmark = [
     pytest.mark.sim,
@@ -38,10 +36,7 @@ TRAINER_ENV = {"PET_NPROC_PER_NODE": "1", "PET_NNODES": "1", "PET_STANDALONE": "
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
     with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
-        record = json.loads((cluster.state / realnode.RECORD).read_text())
         yield cluster
-    assert not Path(f"/sys/class/net/{record['bridge']}").exists()
-    assert not [h for h in realnode.hierarchies() if (h / record["cgroup"].strip("/")).exists()]
 
 
 def test_the_real_node_is_a_kubelet_with_containerd_shaped_like_its_pool(sim):
@@ -71,15 +66,6 @@ def _image_command(address: str, repository: str, tag: str) -> list[str]:
     return config["Entrypoint"] + config["Cmd"]
 
 
-def _wait_for_end(kubectl, name: str) -> dict:
-    deadline = time.monotonic() + POD_TIMEOUT_SECONDS
-    while True:
-        pod = kubectl.get("pod", name, "default")
-        if pod["status"].get("phase") in ("Succeeded", "Failed") or time.monotonic() > deadline:
-            return pod
-        time.sleep(2)
-
-
 def _done(text: str) -> dict:
     events = [json.loads(line[line.index('{"event"'):]) for line in text.splitlines() if '{"event"' in line]
     found = [event for event in events if event["event"] == "done"]
@@ -102,7 +88,7 @@ def test_a_ddp_pod_from_the_sims_registry_trains_to_completion_on_the_real_node(
                             "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "4Gi"}}}],
         },
     }])
-    pod = _wait_for_end(kubectl, "ddp")
+    pod = pod_ended(kubectl, "ddp", "default", POD_TIMEOUT_SECONDS)
     terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated", {})
     assert pod["status"]["phase"] == "Succeeded" and terminated.get("exitCode") == 0, json.dumps(pod["status"])[-3000:]
     logs = kubectl.run("logs", "ddp", "-n", "default")
