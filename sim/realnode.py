@@ -327,7 +327,7 @@ def real_manifests(node_list: list[dict[str, Any]], count: int) -> list[dict[str
     if len(gpu) < count:
         raise RuntimeError(f"--real-nodes {count}: the stack's pools have {len(gpu)} GPU nodes")
     cpu = [n for n in node_list if n["metadata"]["labels"].get(LABEL_NODEPOOL) == NODEPOOL_CPU
-           and n["metadata"]["labels"].get(LABEL_CAPACITY_TYPE) == "on-demand"][:1] if count else []
+           and n["metadata"]["labels"].get(LABEL_CAPACITY_TYPE) == "on-demand"][:CPU_NODES] if count else []
     return [{**n, "metadata": {k: v for k, v in n["metadata"].items() if k != "annotations"}} for n in gpu + cpu]
 
 
