@@ -70,10 +70,10 @@ def filled(shapes: dict[str, int], rank: int) -> dict[str, torch.Tensor]:
 
 
 def _manager(label: str, env):
-    from jobs.workload.engine import ShardedCheckpointer
-    from jobs.workload.manager import SaveSchedule
-    from jobs.workload.sharded import ShardedCheckpointManager
-    from jobs.workload.storage import S3Storage
+    from gpuyard.jobs.workload.engine import ShardedCheckpointer
+    from gpuyard.jobs.workload.manager import SaveSchedule
+    from gpuyard.jobs.workload.sharded import ShardedCheckpointManager
+    from gpuyard.jobs.workload.storage import S3Storage
 
     checkpointer = ShardedCheckpointer(S3Storage(BUCKET, label), {"bench": label}, env.rank)
     return ShardedCheckpointManager(checkpointer, SaveSchedule(1), env, replicated=False)
@@ -97,7 +97,7 @@ def worker(mode: str, label: str) -> None:
     """One rank under torchrun: ``save`` or ``restore`` the shard of ``label``; rank 0 prints one JSON line."""
     import boto3
 
-    from jobs.workload import dist
+    from gpuyard.jobs.workload import dist
 
     env = dist.launcher_env()
     dist.init_process_group(env)
@@ -170,7 +170,7 @@ def measure(label: str, env: dict[str, str]) -> dict:
 
 
 def main() -> None:
-    from jobs.local_aws import LocalAWS
+    from gpuyard.jobs.local_aws import LocalAWS
 
     with LocalAWS() as aws:
         os.environ.update(aws.env)

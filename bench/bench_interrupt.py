@@ -32,16 +32,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from jobs.local_aws import LocalAWS, free_port
-from jobs.workload import dist
-from jobs.workload.args import TRAIN_MODULE, TrainArgs
-from jobs.workload.checkpoint import Checkpointer, serialize
-from jobs.workload.data import build_model, synthetic_dataset
-from jobs.workload.interrupt import AGREE_SECONDS, StepAgreement, StopRequest
-from jobs.workload.metrics import TrainMetrics
-from jobs.workload.progress import Reporter
-from jobs.workload.storage import MULTIPART_THRESHOLD, S3Storage
-from jobs.workload.train import Telemetry, build_trainer
+from gpuyard.jobs.local_aws import LocalAWS, free_port
+from gpuyard.jobs.workload import dist
+from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, serialize
+from gpuyard.jobs.workload.data import build_model, synthetic_dataset
+from gpuyard.jobs.workload.interrupt import AGREE_SECONDS, StepAgreement, StopRequest
+from gpuyard.jobs.workload.metrics import TrainMetrics
+from gpuyard.jobs.workload.progress import Reporter
+from gpuyard.jobs.workload.storage import MULTIPART_THRESHOLD, S3Storage
+from gpuyard.jobs.workload.train import Telemetry, build_trainer
 
 BUCKET, SIGTERMS, SAVES, LOOP_REPEATS = "bench", 5, 3, 5
 GRACE = 30.0

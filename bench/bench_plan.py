@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import stack_file
+from gpuyard.infra.config import stack_file
 
 GOAL_SECONDS = 10.0
 
@@ -41,7 +41,7 @@ def _children_cpu() -> float:
 def time_plan(stack: str, directory: Path) -> tuple[int, float, float]:
     """(resources, wall seconds, CPU seconds) of one ``gpuyard plan --json`` process."""
     env = {**os.environ, "GPUYARD_STACKS_DIR": str(directory)}
-    command = [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan", "--stack", stack, "--json"]
+    command = [sys.executable, "-c", "from gpuyard.jobs.cli.main import main; main()", "plan", "--stack", stack, "--json"]
     cpu, start = _children_cpu(), time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     return len(json.loads(result.stdout)["resources"]), time.perf_counter() - start, _children_cpu() - cpu

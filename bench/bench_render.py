@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.config import parse_stack
-from jobs.render import default_specs, render, render_all, to_yaml
-from jobs.spec import KINDS
+from gpuyard.infra.config import parse_stack
+from gpuyard.jobs.render import default_specs, render, render_all, to_yaml
+from gpuyard.jobs.spec import KINDS
 
 
 def bench_stack(teams: int):

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import STACKS_DIR_ENV, load_stack, stack_file
-from jobs.processes import interrupt_on_sigterm
-from sim.cluster import Sim
-from sim.replay import consolidation, run
-from sim.trace import synthetic_trace
+from gpuyard.infra.config import STACKS_DIR_ENV, load_stack, stack_file
+from gpuyard.jobs.processes import interrupt_on_sigterm
+from gpuyard.sim.cluster import Sim
+from gpuyard.sim.replay import consolidation, run
+from gpuyard.sim.trace import synthetic_trace
 
 TEAMS = 20
 STACK = "prod"

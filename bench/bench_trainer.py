@@ -26,15 +26,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from jobs.local_aws import LocalAWS
-from jobs.workload import dist
-from jobs.workload.args import TrainArgs
-from jobs.workload.checkpoint import BackgroundSaver, Checkpointer, serialize
-from jobs.workload.data import build_model, synthetic_dataset
-from jobs.workload.metrics import TrainMetrics
-from jobs.workload.progress import Reporter
-from jobs.workload.storage import S3Storage
-from jobs.workload.train import Telemetry, build_trainer, open_checked_storage
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.workload import dist
+from gpuyard.jobs.workload.args import TrainArgs
+from gpuyard.jobs.workload.checkpoint import BackgroundSaver, Checkpointer, serialize
+from gpuyard.jobs.workload.data import build_model, synthetic_dataset
+from gpuyard.jobs.workload.metrics import TrainMetrics
+from gpuyard.jobs.workload.progress import Reporter
+from gpuyard.jobs.workload.storage import S3Storage
+from gpuyard.jobs.workload.train import Telemetry, build_trainer, open_checked_storage
 
 ARGS = TrainArgs(total_epochs=4, save_every=1, batch_size=64, dataset_size=16384, model="mlp", seed=0)
 BUCKET, REPEATS, IO_REPEATS = "bench", 3, 10

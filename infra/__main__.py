@@ -4,17 +4,18 @@ import pulumi
 import pulumi_aws as aws
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from infra.addons import Addons, AddonsArgs
-from infra.cluster import Cluster, ClusterArgs
-from infra.config import StackConfig, parse_stack
-from infra.conventions import TAG_STACK
-from infra.images import kept_tags
-from infra.karpenter import Karpenter, KarpenterArgs
-from infra.monitoring import Monitoring, MonitoringArgs
-from infra.network import Network, NetworkArgs
-from infra.showback import stack_instance_types
-from infra.storage import Storage, StorageArgs
-from infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
+from gpuyard.infra.addons import Addons, AddonsArgs
+from gpuyard.infra.cluster import Cluster, ClusterArgs
+from gpuyard.infra.config import StackConfig, parse_stack
+from gpuyard.infra.conventions import TAG_STACK
+from gpuyard.infra.images import kept_tags
+from gpuyard.infra.karpenter import Karpenter, KarpenterArgs
+from gpuyard.infra.monitoring import Monitoring, MonitoringArgs
+from gpuyard.infra.network import Network, NetworkArgs
+from gpuyard.infra.showback import stack_instance_types
+from gpuyard.infra.storage import Storage, StorageArgs
+from gpuyard.infra.trainer_runtime import runtime_pools
+from gpuyard.infra.tenancy import (PodAdmission, PodAdmissionArgs, PriorityClasses, PriorityClassesArgs, TeamArgs,
                            TeamTenancy, deserved_gpus)
 
 
@@ -70,6 +71,7 @@ def build(config: StackConfig) -> dict[str, pulumi.Input]:
             TeamArgs(
                 team, cluster.name, storage.bucket_arn, cluster.oidc_provider_arn, cluster.oidc_issuer, addons,
                 aws_provider, k8s, trainer=addons.trainer, trainer_image=team.image or trainer_image,
+                runtime_pools=runtime_pools(config), checkpoint_bucket=config.checkpoint_bucket,
                 deserved_gpus=shares[team.name],
             ),
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as kubernetes
 
-from infra.charts import (
+from gpuyard.infra.charts import (
     EFA_DEVICE_PLUGIN,
     KUBEFLOW_TRAINER,
     KUBERAY_OPERATOR,
@@ -18,11 +18,11 @@ from infra.charts import (
     Chart,
     release_args,
 )
-from infra.cluster import SYSTEM_NODES
-from infra.config import AddonsConfig
-from infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT
-from infra.gpu_access import DEVICE_LIST_STRATEGY
-from infra.operators import KUBERAY_BATCH_SCHEDULER, VOLCANO_SCHEDULER_CONF, VOLCANO_SCHEDULER_CONF_VALUES_KEY
+from gpuyard.infra.cluster import SYSTEM_NODES
+from gpuyard.infra.config import AddonsConfig
+from gpuyard.infra.conventions import GPU_TAINT_EFFECT, GPU_TAINT_KEY, LABEL_EFA_PRESENT, LABEL_GPU_PRESENT
+from gpuyard.infra.gpu_access import DEVICE_LIST_STRATEGY
+from gpuyard.infra.operators import KUBERAY_BATCH_SCHEDULER, VOLCANO_SCHEDULER_CONF, VOLCANO_SCHEDULER_CONF_VALUES_KEY
 
 
 def gpu_toleration() -> dict[str, str]:
@@ -49,7 +49,7 @@ def efa_plugin_values() -> dict:
 
 
 def volcano_values() -> dict:
-    """The scheduler configuration of infra.operators, where the chart reads it."""
+    """The scheduler configuration of gpuyard.infra.operators, where the chart reads it."""
     section, key = VOLCANO_SCHEDULER_CONF_VALUES_KEY
     return {section: {key: VOLCANO_SCHEDULER_CONF}}
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.conventions import (
+from gpuyard.infra.conventions import (
     ANNOTATION_QUEUE_NAME,
     LABEL_PRIORITY_CLASS_PREFIX,
     LABEL_QUEUE_NAME,

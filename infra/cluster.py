@@ -12,11 +12,11 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
-from infra.config import ClusterConfig, GpuNodeGroupConfig, NodeGroupConfig
-from infra.conventions import (GPU_TAINT_KEY, GPU_TAINT_VALUE, HUGEPAGES_EFA_NODE_PAGES, LABEL_EFA_PRESENT,
+from gpuyard.infra.config import ClusterConfig, GpuNodeGroupConfig, NodeGroupConfig
+from gpuyard.infra.conventions import (GPU_TAINT_KEY, GPU_TAINT_VALUE, HUGEPAGES_EFA_NODE_PAGES, LABEL_EFA_PRESENT,
                                LABEL_GPU_PRESENT, LABEL_NODE_GROUP)
-from infra.gpu_access import toolkit_script
-from infra.policies import service_assume_role_policy
+from gpuyard.infra.gpu_access import toolkit_script
+from gpuyard.infra.policies import service_assume_role_policy
 
 AMI_SYSTEM = "AL2023_x86_64_STANDARD"
 AMI_GPU = "AL2023_x86_64_NVIDIA"

@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from infra.instance_types import GPU_INSTANCE_TYPES, check_instance_type
-from infra.eks_versions import check_version
-from infra.conventions import PRIORITY_CLASSES, RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES, RESERVED_QUEUES
-from infra.image_reference import ImageReference
-from infra.regions import COMMERCIAL_REGIONS
-from infra.stack_file import STACK_NAME, StackFileError, check_stack_name, read_config
-from infra.validation import as_typed, validation_message
+from gpuyard.infra.instance_types import GPU_INSTANCE_TYPES, check_instance_type
+from gpuyard.infra.eks_versions import check_version
+from gpuyard.infra.conventions import PRIORITY_CLASSES, RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES, RESERVED_QUEUES
+from gpuyard.infra.image_reference import ImageReference
+from gpuyard.infra.regions import COMMERCIAL_REGIONS
+from gpuyard.infra.stack_file import STACK_NAME, StackFileError, check_stack_name, read_config
+from gpuyard.infra.validation import as_typed, validation_message
 
 PROJECT = "gpuyard"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -56,12 +56,16 @@ class Team(Frozen):
     queue: Label | None = None
     # the team's share of the GPU pool is queue_weight / all teams' (its Volcano Queue's ``deserved``)
     queue_weight: Annotated[int, Field(ge=1, le=1000)] = 1
+    # what the team holds at most at once: its Volcano Queue's ``capability`` (infra/tenancy.py team_quota says why
+    # not a ResourceQuota)
     gpu_quota: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 8
     cpu_quota: Annotated[int, Field(ge=1, le=MAX_CPUS)] = 64
     memory_quota_gib: Annotated[int, Field(ge=1, le=MAX_MEMORY_GIB)] = 256
     image: ImageReference | None = None
     service_account: Label | None = None
     checkpoint_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
+    # where the team's training data lies in the checkpoint bucket: its role reads it, never writes it
+    data_prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9/_.-]*$")] | None = None
     priority_class: Literal[tuple(PRIORITY_CLASSES)] = "gpuyard-normal"
     member_role_arns: tuple[RoleArn, ...] = ()  # IAM roles mapped to the team's Kubernetes group
     # Pod Security Standard the namespace enforces; ``baseline`` only with ``pod_security_reason`` saying why.
@@ -82,12 +86,14 @@ class Team(Frozen):
             "queue": self.name,
             "service_account": f"{self.name}-trainer",
             "checkpoint_prefix": f"teams/{self.name}",
+            "data_prefix": f"data/{self.name}",
         }
         for field, value in defaults.items():
             if getattr(self, field) is None:
                 object.__setattr__(self, field, value)
         # ends at "/": an IAM ``s3:prefix`` of teams/nlp would also match teams/nlp-2/ (infra/policies.py)
-        object.__setattr__(self, "checkpoint_prefix", self.checkpoint_prefix.strip("/") + "/")
+        for prefix in ("checkpoint_prefix", "data_prefix"):
+            object.__setattr__(self, prefix, getattr(self, prefix).strip("/") + "/")
         return self
 
     @model_validator(mode="after")
@@ -99,6 +105,14 @@ class Team(Frozen):
             raise ValueError(f"team {self.name!r}: queue {self.queue!r} is Volcano's own "
                              f"({', '.join(RESERVED_QUEUES)} are reserved)")
         return self
+
+    def checkpoint_uri(self, bucket: str, job: str) -> str:
+        """A job's checkpoint folder (``GPUYARD_CHECKPOINT_URI``): the team's prefix plus the job's name."""
+        return f"s3://{bucket}/{self.checkpoint_prefix}{job}"
+
+    def data_uri(self, bucket: str) -> str:
+        """The team's data (``GPUYARD_DATA_URI``), which its role may read, never write."""
+        return f"s3://{bucket}/{self.data_prefix}"
 
     @property
     def priority_classes(self) -> tuple[str, ...]:
@@ -412,12 +426,19 @@ class StackConfig(Frozen):
 
     @model_validator(mode="after")
     def _prefixes_apart(self) -> "StackConfig":
-        """No team's checkpoint prefix lies inside another's: the outer team could read and delete the inner's."""
+        """No team's checkpoint prefix lies inside another's prefix (checkpoints or data: the outer team could read,
+        and for checkpoints delete, the inner's), and no data prefix inside another team's checkpoints."""
         for outer in self.teams:
             for inner in self.teams:
-                if inner is not outer and inner.checkpoint_prefix.startswith(outer.checkpoint_prefix):
-                    raise ValueError(f"team {inner.name!r}: checkpoint_prefix {inner.checkpoint_prefix!r} lies "
-                                     f"inside {outer.checkpoint_prefix!r} of team {outer.name!r}")
+                if inner is outer:
+                    continue
+                for inner_field, outer_field in (("checkpoint_prefix", "checkpoint_prefix"),
+                                                 ("checkpoint_prefix", "data_prefix"),
+                                                 ("data_prefix", "checkpoint_prefix")):
+                    inside, around = getattr(inner, inner_field), getattr(outer, outer_field)
+                    if inside.startswith(around):
+                        raise ValueError(f"team {inner.name!r}: {inner_field} {inside!r} lies inside {outer_field} "
+                                         f"{around!r} of team {outer.name!r}")
         return self
 
     def team(self, name: str) -> Team:

@@ -42,6 +42,14 @@ LABEL_NODEPOOL = "karpenter.sh/nodepool"
 LABEL_CAPACITY_TYPE = "karpenter.sh/capacity-type"
 ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
+
+def node_selector(node_pool: str, capacity_type: str, *, node_group: bool = False) -> dict[str, str]:
+    """The nodes of a managed node group by its label, or of a NodePool with one capacity type."""
+    if node_group:
+        return {LABEL_NODE_GROUP: node_pool}
+    return {LABEL_NODEPOOL: node_pool, LABEL_CAPACITY_TYPE: capacity_type}
+
+
 # Gang scheduling.
 SCHEDULER_NAME = "volcano"
 # Volcano queue of a pod (volcano.sh/apis, pkg/apis/scheduling/v1beta1/labels.go QueueNameAnnotationKey). On a
@@ -64,7 +72,43 @@ RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease
 LABEL_PRIORITY_CLASS_PREFIX = "priority-class.gpuyard.io/"
 # Kubeflow Trainer v2: each team's namespaced TrainingRuntime for torchrun jobs (infra/trainer_runtime.py).
 TRAINING_RUNTIME = "torch-distributed"
+
+
+def runtime_name(pool: str) -> str:
+    """The team's runtime for ``pool`` (one per pool): the on-demand GPU NodePool's is the plain ``torch-distributed``."""
+    return TRAINING_RUNTIME if pool == NODEPOOL_GPU_ON_DEMAND else f"{TRAINING_RUNTIME}-{pool}"
+
 PRIORITY_CLASSES = {"gpuyard-high": 100000, "gpuyard-normal": 10000, "gpuyard-low": 1000}
+
+# What every training process of a gpuyard job finds in its environment, the same in every kind and on the Kubeflow
+# SDK's path (the team's TrainingRuntimes): a user's script reads these instead of flags, so one script runs under any
+# launcher; the reference trainer gets the same values as arguments.
+ENV_JOB_NAME = "GPUYARD_JOB_NAME"  # the job object's name, unique per submission by default
+ENV_TEAM = "GPUYARD_TEAM"  # the team whose namespace, queue and checkpoint prefix the job uses
+ENV_CHECKPOINT_URI = "GPUYARD_CHECKPOINT_URI"  # s3://<bucket>/<team's prefix><job name>: the job's own folder
+ENV_GRACE_PERIOD_SECONDS = "GPUYARD_GRACE_PERIOD_SECONDS"  # from this process's SIGTERM to its SIGKILL
+ENV_METRICS_PORT = "GPUYARD_METRICS_PORT"  # the pod's scraped metrics port, for one process per pod
+ENV_DATA_URI = "GPUYARD_DATA_URI"  # s3://<bucket>/<team's data prefix>: the team's data, which its role may read
+CONTRACT_VARIABLES = (ENV_JOB_NAME, ENV_TEAM, ENV_CHECKPOINT_URI, ENV_GRACE_PERIOD_SECONDS, ENV_METRICS_PORT,
+                      ENV_DATA_URI)
+
+# On every GPU training pod: NCCL's warnings in the logs and its errors raised rather than hung on.
+NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+# EFA jobs fail fast instead of training over TCP sockets. NCCL_NET names the network NCCL must use; when it
+# cannot load it, NCCL fails instead of falling back to its socket transport (NCCL user guide, env.html
+# #nccl-net). "AWS Libfabric" is the name aws-ofi-nccl registers; FI_PROVIDER=efa restricts libfabric to the
+# EFA provider, so a node without EFA devices fails at init too. GPUDirect RDMA where the instance has it.
+EFA_ENV = {
+    "NCCL_NET": "AWS Libfabric",
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+}
+# Karpenter nodes reserve no huge pages (HUGEPAGES_EFA): libfabric uses regular pages there.
+EFA_NO_HUGE_PAGES_ENV = {"FI_EFA_USE_HUGE_PAGE": "0"}
+# /dev/shm in memory on every training pod, for NCCL and DataLoader workers.
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 
 # Labels on every training pod; the PodMonitor selects on them.
 LABEL_TEAM = "gpuyard.io/team"

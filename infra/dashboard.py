@@ -3,7 +3,7 @@ the recording rules of infra/showback.py."""
 
 from __future__ import annotations
 
-from infra.showback import hours_over
+from gpuyard.infra.showback import hours_over
 
 # title -> (PromQL, unit); queries group by the pod's namespace (one per team) and job label.
 TRAINING_PANELS: dict[str, tuple[str, str]] = {

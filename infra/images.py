@@ -6,8 +6,8 @@ falls back to a Docker Hub name nobody can pull. Without it, ``gpuyard images bu
 builds with the cluster name instead. ECR repositories are named ``<cluster_name>/<image>``.
 """
 
-from infra.config import ConfigError, StackConfig
-from infra.conventions import IMAGE_NAMES
+from gpuyard.infra.config import ConfigError, StackConfig
+from gpuyard.infra.conventions import IMAGE_NAMES
 
 
 class NoImageRegistry(ConfigError):

@@ -9,10 +9,10 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
-from infra.charts import KARPENTER, release_args
-from infra.cluster import LABEL_GPU_NODE, MANAGED, NODE_POLICIES, SYSTEM_NODES
-from infra.config import KarpenterConfig
-from infra.conventions import (
+from gpuyard.infra.charts import KARPENTER, release_args
+from gpuyard.infra.cluster import LABEL_GPU_NODE, MANAGED, NODE_POLICIES, SYSTEM_NODES
+from gpuyard.infra.config import KarpenterConfig
+from gpuyard.infra.conventions import (
     GPU_RESOURCE,
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
@@ -28,9 +28,9 @@ from infra.conventions import (
     NODEPOOL_GPU_SPOT,
     SPOT_NOTICE_SECONDS,
 )
-from infra.gpu_access import toolkit_script
-from infra.instance_types import efa_types
-from infra.policies import (
+from gpuyard.infra.gpu_access import toolkit_script
+from gpuyard.infra.instance_types import efa_types
+from gpuyard.infra.policies import (
     interruption_queue_policy,
     irsa_assume_role_policy,
     karpenter_controller_policy,

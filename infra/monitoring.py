@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as kubernetes
 
-from infra.addons import gpu_daemon_placement
-from infra.cluster import SYSTEM_NODES
-from infra.charts import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, Chart, release_args
-from infra.conventions import LABEL_PART_OF, METRICS_PORT_NAME, PART_OF
-from infra.dashboard import showback_dashboard, training_dashboard
-from infra.showback import KSM_LABELS_ALLOWLIST, prometheus_rule_spec
+from gpuyard.infra.addons import gpu_daemon_placement
+from gpuyard.infra.cluster import SYSTEM_NODES
+from gpuyard.infra.charts import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, Chart, release_args
+from gpuyard.infra.conventions import LABEL_PART_OF, METRICS_PORT_NAME, PART_OF
+from gpuyard.infra.dashboard import showback_dashboard, training_dashboard
+from gpuyard.infra.showback import KSM_LABELS_ALLOWLIST, prometheus_rule_spec
 
 NAMESPACE = "monitoring"
 DASHBOARD_LABEL = "grafana_dashboard"

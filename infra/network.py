@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import ConfigError, NetworkConfig
+from gpuyard.infra.config import ConfigError, NetworkConfig
 
 
 def subnet_cidrs(cidr: str, az_count: int) -> tuple[list[str], list[str]]:

@@ -15,15 +15,19 @@ from pathlib import Path
 # The chart's default, installer/helm/chart/volcano/config/volcano-scheduler.conf, runs the actions
 # "enqueue, reserve, allocate, backfill". ``enqueue`` (with the overcommit and proportion plugins) admits a
 # PodGroup (Pending -> Inqueue) only when the cluster's *present* idle capacity times the overcommit factor
-# covers its minResources. The Volcano Job controller and the Kubeflow operators create no pods for a Pending
-# PodGroup, and Karpenter only acts on pods the scheduler marked Unschedulable, so a gang that needs nodes
-# that do not exist yet waits forever and the GPU pools never scale up from zero (volcano-sh/volcano#3910,
-# #2558, #4030; kubernetes-sigs/karpenter#742). The maintainers' advice in #3910: drop ``enqueue``.
+# covers its minResources. The Volcano Job controller and the Training Operator create no pods for a Pending
+# PodGroup (volcano v1.14.1 pkg/controllers/job/job_controller_actions.go syncJob; kubeflow/training-operator v1.9.4
+# pkg/controller.v1/control/podgroup_control.go DelayPodCreationDueToPodGroup), and Karpenter only acts on pods
+# the scheduler marked Unschedulable, so a gang that needs nodes that do not exist yet waits forever and the GPU
+# pools never scale up from zero (volcano-sh/volcano#3910, #2558, #4030; kubernetes-sigs/karpenter#742). The
+# maintainers' advice in #3910: drop ``enqueue``.
 #
 # Without ``enqueue`` the ``allocate`` action moves every Pending PodGroup to Inqueue itself ("status update
 # from pending to inqueue, reason: no enqueue action is configured", pkg/scheduler/actions/allocate/
 # allocate.go), the pods are created, the gang that does not fit stays Unschedulable, and Karpenter
-# provisions for it. ``overcommit`` only feeds ``enqueue`` and is left out.
+# provisions for it. ``overcommit`` only feeds ``enqueue`` and is left out. So every gang's pods exist as soon as it
+# is submitted, and a team's compute limit is its queue's capability, not a ResourceQuota (infra/tenancy.py
+# team_quota).
 #
 # ``capacity`` in place of the chart's ``proportion``: proportion lets a queue allocate only within its deserved
 # share, which it computes from the queue weights over the resources of the nodes *present*

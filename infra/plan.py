@@ -22,8 +22,8 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.config import PROJECT, load_stack, parse_stack, stack_file
-from infra.signals import signals_deferred
+from gpuyard.infra.config import PROJECT, load_stack, parse_stack, stack_file
+from gpuyard.infra.signals import signals_deferred
 
 PROGRAM = Path(__file__).resolve().parent / "__main__.py"
 ACCOUNT_ID = "123456789012"
@@ -194,7 +194,7 @@ def plan(stack: str, directory: Path | None = None) -> Plan:
 
 def policy_verdicts(resources: list[PlannedResource]) -> dict[str, list[str]]:
     """Each CrossGuard rule of ``infra/policy`` run on the plan: ``{policy: ["resource: violation", ...]}``."""
-    from infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
+    from gpuyard.infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
 
     verdicts = {name: [f"{r.name}: {message}" for r in resources for message in check(r.type, r.inputs)]
                 for name, (_, check) in RESOURCE_CHECKS.items()}

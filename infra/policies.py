@@ -42,10 +42,10 @@ def irsa_assume_role_policy(oidc_provider_arn: str, issuer_url: str, namespace: 
     }
 
 
-def team_checkpoint_policy(bucket_arn: str, prefix: str) -> dict:
-    """Read/write objects under ``<bucket>/<prefix>*`` and list only that prefix; ``prefix`` ends with ``/``, so
-    ``teams/nlp/`` never matches ``teams/nlp-2/...`` (``s3:prefix`` and object ARNs compare characters, not path
-    segments: IAM User Guide, "Amazon S3 condition keys", s3:prefix)."""
+def team_checkpoint_policy(bucket_arn: str, prefix: str, data_prefix: str) -> dict:
+    """Read/write objects under ``<bucket>/<prefix>*``, read those under ``<bucket>/<data_prefix>*``, and list only
+    those prefixes; both end with ``/``, so ``teams/nlp/`` never matches ``teams/nlp-2/...`` (``s3:prefix`` and
+    object ARNs compare characters, not path segments: IAM User Guide, "Amazon S3 condition keys", s3:prefix)."""
     return {
         "Version": VERSION,
         "Statement": [
@@ -61,6 +61,19 @@ def team_checkpoint_policy(bucket_arn: str, prefix: str) -> dict:
                 "Action": "s3:ListBucket",
                 "Resource": bucket_arn,
                 "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*", prefix]}},
+            },
+            {
+                "Sid": "TeamDataObjects",
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": f"{bucket_arn}/{data_prefix}*",
+            },
+            {
+                "Sid": "TeamDataListing",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{data_prefix}*", data_prefix]}},
             },
         ],
     }

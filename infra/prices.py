@@ -2,7 +2,7 @@
 
 The table Karpenter's AWS provider starts from (aws/karpenter-provider-aws v1.14.1,
 pkg/providers/pricing/zz_generated.pricing_aws.go, ``InitialOnDemandPricesAWS["us-east-1"]``, generated
-2026-07-06), for every size (metal left out) of the families ``infra.config`` knows. It is the only region that
+2026-07-06), for every size (metal left out) of the families ``gpuyard.infra.config`` knows. It is the only region that
 table holds, so every stack is priced at us-east-1's list price. Spot prices are not here: on a cluster they come
 from Karpenter (its ``karpenter_cloudprovider_instance_type_offering_price_estimate`` gauge, infra/showback.py).
 p5e has no public on-demand price (capacity blocks only) and is absent.

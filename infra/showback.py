@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from infra.config import StackConfig, instance_family
-from infra.prices import ON_DEMAND_USD_PER_HOUR, on_demand_price
+from gpuyard.infra.config import StackConfig, instance_family
+from gpuyard.infra.prices import ON_DEMAND_USD_PER_HOUR, on_demand_price
 
 RULE_GROUP = "gpuyard-showback"
 EVERY_MINUTES = 1  # both groups are evaluated once a minute: a rule's samples over W, summed, / 60 is per hour

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import StorageConfig
-from infra.conventions import IMAGE_NAMES
-from infra.policies import bucket_tls_only_policy
-from infra.images import repository_name
+from gpuyard.infra.config import StorageConfig
+from gpuyard.infra.conventions import IMAGE_NAMES
+from gpuyard.infra.policies import bucket_tls_only_policy
+from gpuyard.infra.images import repository_name
 
 
 def checkpoint_lifecycle_rules(noncurrent_days: int) -> list[dict]:
@@ -66,7 +66,7 @@ class StorageArgs:
     bucket_name: str
     config: StorageConfig
     aws_provider: aws.Provider
-    kept_tags: dict[str, tuple[str, ...]]  # image -> tags its lifecycle policy never expires (infra.images.kept_tags)
+    kept_tags: dict[str, tuple[str, ...]]  # image -> tags its lifecycle policy never expires (gpuyard.infra.images.kept_tags)
 
 
 class Storage(pulumi.ComponentResource):

@@ -16,13 +16,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as kubernetes
 
-from infra.admission import LANES, lane_binding_spec, lane_policy_name, lane_policy_spec
-from infra.config import Team
-from infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_RESOURCE, LABEL_PART_OF, LABEL_PRIORITY_CLASS_PREFIX,
+from gpuyard.infra.admission import LANES, lane_binding_spec, lane_policy_name, lane_policy_spec
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_RESOURCE, LABEL_PART_OF, LABEL_PRIORITY_CLASS_PREFIX,
                                LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES)
-from infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
-from infra.policies import irsa_assume_role_policy, team_checkpoint_policy
-from infra import trainer_runtime
+from gpuyard.infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
+from gpuyard.infra.policies import irsa_assume_role_policy, team_checkpoint_policy
+from gpuyard.infra import trainer_runtime
 
 # What team members create (each kind has its admission lane, infra/admission.py); TrainingRuntimes they only read:
 # a runtime of their own could name any queue, priority and scheduler for the team's TrainJobs.
@@ -64,14 +64,21 @@ def team_namespace_annotations(team: Team) -> dict[str, str]:
     return {ANNOTATION_QUEUE_NAME: team.queue}
 
 
-def team_quota(team: Team) -> dict[str, str]:
-    """ResourceQuota ``hard``: the team's GPUs, CPUs and memory; no Service reaches outside the cluster (no load
-    balancer, no node port) and no Ingress is made (KubeRay makes one for ``enableIngress``)."""
+def team_quota() -> dict[str, str]:
+    """ResourceQuota ``hard``: no Service reaches outside the cluster (no load balancer, no node port) and no Ingress
+    is made (KubeRay makes one for ``enableIngress``).
+
+    No GPUs, CPUs or memory: a team's compute limit is its Volcano queue's capability alone (``team_queue_spec``). A
+    ResourceQuota charges a pod when it is created, Pending or not (kubernetes/kubernetes v1.35.4
+    pkg/quota/v1/evaluator/core/pods.go, ``QuotaV1Pod``: every pod not Succeeded or Failed), one pod at a time; the
+    operators create a gang's pods as soon as its PodGroup is Inqueue, which without the ``enqueue`` action
+    (infra/operators.py) is at once for every gang, and the MPI Operator does not wait for it at all
+    (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go: workers right after the PodGroup). A quota
+    on compute then refuses the rest of gangs already half-created, and no gang of the team can become whole
+    (volcano-sh/volcano#1387, #2534). The queue charges a pod only when Volcano places it, and the gang plugin
+    places a gang whole or not at all. Every team pod is scheduled by Volcano (infra/admission.py), so none escapes
+    its queue."""
     return {
-        f"requests.{GPU_RESOURCE}": str(team.gpu_quota),
-        "requests.cpu": str(team.cpu_quota),
-        "requests.memory": f"{team.memory_quota_gib}Gi",
-        "limits.memory": f"{team.memory_quota_gib}Gi",
         "services.loadbalancers": "0",
         "services.nodeports": "0",
         "count/ingresses.networking.k8s.io": "0",
@@ -79,7 +86,7 @@ def team_quota(team: Team) -> dict[str, str]:
 
 
 def team_limit_range() -> list[dict]:
-    """Defaults for containers that set no requests/limits, so the quota can account for them."""
+    """Defaults for containers that set no requests/limits, so the team's queue can account for them."""
     return [
         {
             "type": "Container",
@@ -100,7 +107,8 @@ def deserved_gpus(teams: tuple[Team, ...], supply: int) -> dict[str, int]:
 
 
 def team_queue_spec(team: Team, deserved_gpus: int) -> dict:
-    """Volcano Queue: capped at the team's quota, entitled to ``deserved_gpus``, reclaimable above that.
+    """Volcano Queue: the team's compute limit (its GPUs, CPUs and memory: ``capability``, not the ResourceQuota's,
+    see ``team_quota``), entitled to ``deserved_gpus``, reclaimable above that.
 
     The ``capacity`` plugin (infra/operators.py) lets a queue allocate up to its capability (bounded by what the
     cluster holds) and lets a starved queue reclaim from queues above their ``deserved`` (volcano-sh/volcano
@@ -145,7 +153,7 @@ def _namespace(name: str) -> dict:
 
 def team_network_policies() -> dict[str, dict]:
     """NetworkPolicy name -> spec: deny by default, then what jobs need. Enforced by the vpc-cni add-on's
-    ``enableNetworkPolicy`` (infra.cluster); policies add up, so each opens one path."""
+    ``enableNetworkPolicy`` (gpuyard.infra.cluster); policies add up, so each opens one path."""
     return {
         "default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
         # ranks of one job (and a RayJob's submitter and head) talk to each other: NCCL, gloo, ssh, Ray GCS
@@ -265,8 +273,10 @@ class TeamArgs:
     operators: pulumi.Resource  # Volcano and the job operators: their finalizers sit on the team's jobs
     aws_provider: aws.Provider
     k8s_provider: kubernetes.Provider
-    trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime
+    trainer: pulumi.Resource | None = None  # the Trainer v2 release: the team gets a TrainingRuntime per pool
     trainer_image: pulumi.Input[str] = ""
+    runtime_pools: tuple[trainer_runtime.RuntimePool, ...] = ()
+    checkpoint_bucket: str = ""  # the runtimes' checkpoint folders: s3://<bucket>/<team's prefix><job name>
     deserved_gpus: int = 0  # the team's share of the GPU pool (``deserved_gpus``)
 
 
@@ -325,7 +335,7 @@ class TeamTenancy(pulumi.ComponentResource):
 
     def _create_quota(self, namespace: kubernetes.core.v1.Namespace) -> None:
         kubernetes.core.v1.ResourceQuota(
-            f"{self._name}-quota", metadata=self._metadata("team-quota"), spec={"hard": team_quota(self._team)},
+            f"{self._name}-quota", metadata=self._metadata("team-quota"), spec={"hard": team_quota()},
             opts=self._k8s(namespace),
         )
 
@@ -386,7 +396,7 @@ class TeamTenancy(pulumi.ComponentResource):
             f"{self._name}-checkpoints",
             role=role.id,
             policy=pulumi.Output.from_input(self._args.bucket_arn).apply(
-                lambda arn: json.dumps(team_checkpoint_policy(arn, team.checkpoint_prefix))
+                lambda arn: json.dumps(team_checkpoint_policy(arn, team.checkpoint_prefix, team.data_prefix))
             ),
             opts=aws_opts,
         )
@@ -408,17 +418,20 @@ class TeamTenancy(pulumi.ComponentResource):
             )
 
     def _create_training_runtime(self, namespace: kubernetes.core.v1.Namespace, trainer: pulumi.Resource) -> None:
-        team = self._team
-        kubernetes.apiextensions.CustomResource(
-            f"{self._name}-training-runtime",
-            api_version=trainer_runtime.API_VERSION,
-            kind=trainer_runtime.KIND,
-            metadata=trainer_runtime.training_runtime_metadata(team),
-            spec=pulumi.Output.from_input(self._args.trainer_image).apply(
-                lambda image: trainer_runtime.training_runtime_spec(team, image)
-            ),
-            opts=self._k8s(namespace, trainer),
-        )
+        team, args = self._team, self._args
+        for pool in args.runtime_pools:
+            kubernetes.apiextensions.CustomResource(
+                f"{self._name}-training-runtime" + ("" if pool.runtime == trainer_runtime.TRAINING_RUNTIME
+                                                    else f"-{pool.name}"),
+                api_version=trainer_runtime.API_VERSION,
+                kind=trainer_runtime.KIND,
+                metadata=trainer_runtime.training_runtime_metadata(team, pool),
+                spec=pulumi.Output.from_input(args.trainer_image).apply(
+                    lambda image, pool=pool: trainer_runtime.training_runtime_spec(
+                        team, pool, image, args.checkpoint_bucket)
+                ),
+                opts=self._k8s(namespace, trainer),
+            )
 
 
 @dataclass(frozen=True)
@@ -456,7 +469,7 @@ class PriorityClassesArgs:
 
 
 class PriorityClasses(pulumi.ComponentResource):
-    """The cluster-wide PriorityClasses teams' jobs pick from (``infra.conventions.PRIORITY_CLASSES``)."""
+    """The cluster-wide PriorityClasses teams' jobs pick from (``gpuyard.infra.conventions.PRIORITY_CLASSES``)."""
 
     def __init__(self, name: str, args: PriorityClassesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpuyard:tenancy:PriorityClasses", name, None, opts)

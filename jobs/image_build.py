@@ -1,6 +1,6 @@
 """Build the ``images/`` Dockerfiles with docker buildx and push them to the stack's registry.
 
-Images are tagged ``infra.images.image_ref`` (``<registry>/<image>:<tag>``), the same
+Images are tagged ``gpuyard.infra.images.image_ref`` (``<registry>/<image>:<tag>``), the same
 references the job templates use. Pushing needs ``gpuyard:image_registry`` (the host
 and cluster prefix of the stack's ECR repositories); an ECR host gets a
 ``docker login`` with a token from the ECR API first.
@@ -20,10 +20,10 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.config import StackConfig
-from infra.conventions import IMAGE_NAMES
-from infra.images import image_ref
-from jobs.processes import run_child
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.conventions import IMAGE_NAMES
+from gpuyard.infra.images import image_ref
+from gpuyard.jobs.processes import run_child
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PLATFORM = "linux/amd64"

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from jobs.processes import die_with_parent, stop_tree
+from gpuyard.jobs.processes import die_with_parent, stop_tree
 
 HOST = "127.0.0.1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -1,9 +1,9 @@
 """Where a job runs on a stack, and whether it ever can: checked before anything is rendered.
 
-The stack's pools are its Karpenter NodePools (``infra.karpenter.node_pools``) and its managed GPU node
+The stack's pools are its Karpenter NodePools (``gpuyard.infra.karpenter.node_pools``) and its managed GPU node
 groups (``gpuyard:cluster.gpu_node_groups``). ``place(config, spec)`` checks the job against them — the pool
 exists for that capacity type, an instance type of the pool has the GPUs, EFA interfaces, CPUs and memory
-per node, the gang fits the pool's limit, the team's ResourceQuota and its Volcano queue's capability — and
+per node, the gang fits the pool's limit and the team's Volcano queue's capability — and
 returns the spec pinned to one instance family (NodePools) so the gang never mixes GPU generations; a job
 that breaks a limit raises SpecError naming it.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.config import StackConfig, Team
-from infra.conventions import (
+from gpuyard.infra.config import StackConfig, Team
+from gpuyard.infra.conventions import (
     GPU_RESOURCE,
     LABEL_CAPACITY_TYPE,
     LABEL_EFA_PRESENT,
@@ -21,9 +21,9 @@ from infra.conventions import (
     NODEPOOL_GPU_EFA,
     NODEPOOL_GPU_SPOT,
 )
-from infra.instance_types import GPU_INSTANCE_TYPES, InstanceType, types_of_families
-from infra.karpenter import node_pools
-from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec, SpecError
+from gpuyard.infra.instance_types import GPU_INSTANCE_TYPES, InstanceType, types_of_families
+from gpuyard.infra.karpenter import node_pools
+from gpuyard.jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec, SpecError
 
 KNOWN_FAMILIES = tuple(sorted({t.family for t in GPU_INSTANCE_TYPES.values()}))
 
@@ -129,7 +129,8 @@ def gang_totals(spec: JobSpec) -> dict[str, float]:
 
 
 def limit_breaches(pool: Pool | None, team: Team, spec: JobSpec) -> list[str]:
-    """Every limit the gang breaks: the pool's GPU limit (GPU jobs), the team's ResourceQuota and queue capability."""
+    """Every limit the gang breaks: the pool's GPU limit (GPU jobs) and the team's queue capability (its compute
+    limit, infra/tenancy.py)."""
     totals = gang_totals(spec)
     breaches = []
     if pool is not None and totals["gpus"] > pool.gpu_limit:
@@ -139,7 +140,7 @@ def limit_breaches(pool: Pool | None, team: Team, spec: JobSpec) -> list[str]:
     for key, (limit, what) in quota.items():
         if totals[key] > limit:
             breaches.append(
-                f"team {team.name}'s ResourceQuota and queue {team.queue} allow {limit} {what} (gang: {totals[key]:g})"
+                f"team {team.name}'s queue {team.queue} allows {limit} {what} (gang: {totals[key]:g})"
             )
     return breaches
 

@@ -1,9 +1,9 @@
 """What a job will land on and cost, before anything is applied (``gpuyard render --explain``).
 
-Pure: from the stack file and the job's spec only. The pool and its checks are ``jobs.placement``'s; the instance
+Pure: from the stack file and the job's spec only. The pool and its checks are ``gpuyard.jobs.placement``'s; the instance
 type is the smallest of the pool (of the pinned family, on a NodePool) that one training node fits, which is what
 Karpenter launches for one pod per node (it may pack several of a gang's pods onto a larger size of the family);
-prices are the on-demand table of ``infra.prices``. A spot price is only known on a cluster (Karpenter's estimate):
+prices are the on-demand table of ``gpuyard.infra.prices``. A spot price is only known on a cluster (Karpenter's estimate):
 offline the on-demand price is its ceiling.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from infra.config import StackConfig
-from infra.prices import on_demand_price
-from jobs.placement import Pool, fitting_types, place, stack_pools
-from jobs.spec import JobSpec
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.prices import on_demand_price
+from gpuyard.jobs.placement import Pool, fitting_types, place, stack_pools
+from gpuyard.jobs.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def _price_note(capacity_type: str, price: float | None, instance_type: str) -> 
 
 def landing(config: StackConfig, spec: JobSpec, pools: dict[str, Pool] | None = None) -> Landing:
     """The pool, instance type, $/hour, EFA and placement group of ``spec``'s training nodes; SpecError if the stack
-    can never run it (``jobs.placement.place``)."""
+    can never run it (``gpuyard.jobs.placement.place``)."""
     pools = stack_pools(config) if pools is None else pools
     placed = place(config, spec, pools)
     team = config.team(spec.team)

@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from infra.signals import signals_deferred
+from gpuyard.infra.signals import signals_deferred
 
 GRACE_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -2,7 +2,7 @@
 
 ``build_spec(config, team, kind, ...)`` fills every default from the stack and the
 team (image, checkpoint URI, NodePool, trainer arguments), so a JobSpec is complete
-and the renderers in ``jobs.render`` only translate it, never look anything up.
+and the renderers in ``gpuyard.jobs.render`` only translate it, never look anything up.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra.config import DNS1123_LABEL, RULES, StackConfig, Team
-from infra.validation import validation_message
-from infra.conventions import (
+from gpuyard.infra.config import DNS1123_LABEL, RULES, StackConfig, Team
+from gpuyard.infra.validation import validation_message
+from gpuyard.infra.conventions import (
     DEFAULT_MAX_RESTARTS,
     GRACE_PERIOD_SECONDS,
     METRICS_PORT,
@@ -23,15 +23,15 @@ from infra.conventions import (
     NODEPOOL_GPU_ON_DEMAND,
     NODEPOOL_GPU_SPOT,
 )
-from infra.images import template_image
-from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
+from gpuyard.infra.images import template_image
+from gpuyard.jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
 Kind = Literal["pytorchjob", "mpijob", "rayjob", "volcanojob", "trainjob"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 CapacityType = Literal["on-demand", "spot"]
 ELASTIC_KINDS: tuple[Kind, ...] = ("pytorchjob",)  # torchrun rendezvous; MPI, Ray and TrainJob are fixed-size
 
-# Which of infra.conventions.IMAGE_NAMES each kind runs.
+# Which of gpuyard.infra.conventions.IMAGE_NAMES each kind runs.
 KIND_IMAGE: dict[Kind, str] = {
     "pytorchjob": "ddp", "trainjob": "ddp", "mpijob": "mpi", "volcanojob": "mpi", "rayjob": "ray",
 }
@@ -112,10 +112,11 @@ class JobSpec(BaseModel):
     args: tuple[str, ...]
     env: dict[EnvName, str] = {}
     checkpoint_uri: str
+    data_uri: str  # the team's data (``GPUYARD_DATA_URI``), read-only to its role
     max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = DEFAULT_MAX_RESTARTS
     capacity_type: CapacityType = "on-demand"
     node_pool: Annotated[str, Field(pattern=DNS1123_LABEL)]
-    # Set by jobs.placement from the stack: the pool is a managed node group (else a Karpenter NodePool),
+    # Set by gpuyard.jobs.placement from the stack: the pool is a managed node group (else a Karpenter NodePool),
     # and the instance family the whole gang stays on.
     node_group: bool = False
     instance_family: str | None = None
@@ -234,7 +235,7 @@ def default_node_pool(gpus_per_node: int, capacity_type: CapacityType, efa_devic
 
 
 def checkpoint_uri(config: StackConfig, team: Team, name: str) -> str:
-    return f"s3://{config.checkpoint_bucket}/{team.checkpoint_prefix}{name}"
+    return team.checkpoint_uri(config.checkpoint_bucket, name)
 
 
 def trainer_args(checkpoint: str, epochs: int = DEFAULT_EPOCHS, save_every: int = DEFAULT_SAVE_EVERY,
@@ -283,7 +284,8 @@ def build_spec(
         "memory_gib": MEMORY_GIB_PER_GPU * gpus_per_node if gpus_per_node else CPU_ONLY_MEMORY_GIB,
         "image": fields.pop("image", None) or default_image(config, team, kind), "module": module, "script": script,
         "args": args,
-        "checkpoint_uri": ckpt, "capacity_type": capacity_type,
+        "checkpoint_uri": ckpt, "data_uri": team.data_uri(config.checkpoint_bucket),
+        "capacity_type": capacity_type,
         "node_pool": default_node_pool(gpus_per_node, capacity_type, fields.get("efa_devices") or 0),
     }
     values.update({key: value for key, value in fields.items() if value is not None})

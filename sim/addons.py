@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from infra import operators
-from sim.certs import Pki
-from sim.kube import Kubectl
-from sim.paths import claim
-from sim.processes import Supervisor, free_port
-from sim.upstream import documents, documents_in, module_dir
-from sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
+from gpuyard.infra import operators
+from gpuyard.sim.certs import Pki
+from gpuyard.sim.kube import Kubectl
+from gpuyard.sim.paths import claim
+from gpuyard.sim.processes import Supervisor, free_port
+from gpuyard.sim.upstream import documents, documents_in, module_dir
+from gpuyard.sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
 
 WEBHOOK_READY_SECONDS = 60
 LOCAL = "127.0.0.1"
@@ -329,7 +329,7 @@ def start_kuberay(context: Context) -> None:
     context.kubectl.apply(crds)
     wait_crds(context.kubectl, crds)
     heads = free_port()
-    context.supervisor.start("ray-heads", [sys.executable, "-m", "sim.ray_head", f"--port={heads}"])
+    context.supervisor.start("ray-heads", [sys.executable, "-m", "gpuyard.sim.ray_head", f"--port={heads}"])
     wait_listening(heads, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("ray-heads"))
     context.supervisor.start("kuberay-operator", [
         context.binary("kuberay", "ray-operator"), *operators.KUBERAY_OPERATOR_ARGS, f"--kubeconfig={context.kubeconfig}",

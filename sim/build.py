@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from sim.paths import BUILD_RECORD, bin_dir, built
-from sim.versions import Component, components, tools
+from gpuyard.sim.paths import BUILD_RECORD, bin_dir, built
+from gpuyard.sim.versions import Component, components, tools
 
 class BuildError(RuntimeError):
     """A `go build` that failed; the message ends with its last lines of output."""
@@ -36,7 +36,7 @@ def write_workspace(component: Component, folder: Path) -> Path | None:
     change (Go refuses overlays of files in its module cache); None without patches."""
     if not component.patches:
         return None
-    from sim.upstream import module_dir
+    from gpuyard.sim.upstream import module_dir
 
     copies: dict[str, Path] = {}
     for patch in component.patches:
@@ -101,8 +101,8 @@ def build_all(kubernetes_minor: str, say: Callable[[str], None] = print, only: t
     }
 
 
-if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what CI runs before the tests
-    from infra.config import load_stack
+if __name__ == "__main__":  # python -m gpuyard.sim.build [STACK [COMPONENT...]]: what CI runs before the tests
+    from gpuyard.infra.config import load_stack
 
     only = tuple(sys.argv[2:])
     build_all(load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev").cluster.kubernetes_version, only=only)
@@ -110,8 +110,8 @@ if __name__ == "__main__":  # python -m sim.build [STACK [COMPONENT...]]: what C
         if not only or tool.name in only:
             build_component(tool, print)
     if not only or "realnode" in only:  # what real nodes need besides the cluster (`gpuyard sim up --real-nodes`)
-        from sim import pause
-        from sim.versions import node_components
+        from gpuyard.sim import pause
+        from gpuyard.sim.versions import node_components
 
         stack_config = load_stack(sys.argv[1] if len(sys.argv) > 1 else "dev")
         for component in node_components(stack_config.cluster.kubernetes_version):

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sim.paths import cache_root
-from sim.processes import Supervisor
+from gpuyard.sim.paths import cache_root
+from gpuyard.sim.processes import Supervisor
 
 READY_TIMEOUT_SECONDS = 60
 # The Dockerfiles ask for the docker/dockerfile:1.7 frontend image (# syntax=), which cannot be pulled here.

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from infra.config import load_stack
-from sim import addons, coredns, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
-from sim.build import build_all, build_component
-from sim.controlplane import ControlPlane
-from sim.kube import Kubectl, KubectlError
-from sim.paths import bin_dir, claim, claimed_by, state_dir
-from sim.processes import Supervisor
-from sim.versions import kubernetes_tag, node_components, tools
+from gpuyard.infra.config import load_stack
+from gpuyard.sim import addons, coredns, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
+from gpuyard.sim.build import build_all, build_component
+from gpuyard.sim.controlplane import ControlPlane
+from gpuyard.sim.kube import Kubectl, KubectlError
+from gpuyard.sim.paths import bin_dir, claim, claimed_by, state_dir
+from gpuyard.sim.processes import Supervisor
+from gpuyard.sim.versions import kubernetes_tag, node_components, tools
 
 READY = "ready"  # written into the state folder once everything started
 
@@ -96,7 +96,7 @@ class Sim:
         return self.kubeconfig
 
     def _start(self, config, bins: dict[str, Path], say: Callable[[str], None]) -> None:
-        from infra.plan import plan  # the Pulumi SDKs load only here
+        from gpuyard.infra.plan import plan  # the Pulumi SDKs load only here
 
         control = ControlPlane(self.state, bins)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ class Sim:
 
     def down(self) -> None:
         """Stop every server and remove the state folder (and the folders upstream hard-codes outside it): only
-        folders `up` made (sim.paths.claim); NotOurs for a state folder it did not make."""
+        folders `up` made (gpuyard.sim.paths.claim); NotOurs for a state folder it did not make."""
         if not (self.state.exists() or self.state.is_symlink()):
             return
         self._refuse_foreign()

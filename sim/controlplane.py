@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from sim import certs
-from sim.processes import Supervisor, free_port
+from gpuyard.sim import certs
+from gpuyard.sim.processes import Supervisor, free_port
 
 PORTS = "ports.json"
 SERVICE_CIDR = "10.96.0.0/12"

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sim.processes import Supervisor, free_port
+from gpuyard.sim.processes import Supervisor, free_port
 
 NAME = "coredns"
 DOMAIN = "cluster.local"  # the kubelets' clusterDomain

@@ -20,13 +20,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Callable
 
-from infra.config import load_stack
-from infra.conventions import IMAGE_NAMES
-from sim import buildkit
-from sim.build import build_component
-from sim.paths import cache_root
-from sim.registry import Registry
-from sim.versions import IMAGE_COMPONENTS
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import IMAGE_NAMES
+from gpuyard.sim import buildkit
+from gpuyard.sim.build import build_component
+from gpuyard.sim.paths import cache_root
+from gpuyard.sim.registry import Registry
+from gpuyard.sim.versions import IMAGE_COMPONENTS
 
 REPO = Path(__file__).resolve().parent.parent
 BASES_DOCKERFILE = Path(__file__).resolve().parent / "bases" / "Dockerfile"
@@ -189,14 +189,14 @@ def _build_and_push(builder: buildkit.Builder, registry: Registry, build: Build,
 
 def build_with_own_registry(stack: str, say: Say = print) -> dict[str, str]:
     """build_images into the cache's registry storage, served on 127.0.0.1 only while building."""
-    from sim.registry import serving
+    from gpuyard.sim.registry import serving
 
     binary = build_component(next(c for c in IMAGE_COMPONENTS if c.name == "registry"), say) / "registry"
     with serving(cache_root() / "images" / "registry-run", binary) as registry:
         return build_images(registry, stack, say)
 
 
-if __name__ == "__main__":  # python -m sim.images [STACK]: what CI runs before the tests
+if __name__ == "__main__":  # python -m gpuyard.sim.images [STACK]: what CI runs before the tests
     import sys
 
     build_with_own_registry(sys.argv[1] if len(sys.argv) > 1 else "dev")

@@ -14,12 +14,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from infra.conventions import LABEL_CAPACITY_TYPE
-from infra.karpenter import NAMESPACE
-from sim.addons import Context, wait_crds
-from sim.nodes import SHAPES, Shape, family_of, resources
-from sim.processes import free_port
-from sim.upstream import documents, documents_in, module_dir
+from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE
+from gpuyard.infra.karpenter import NAMESPACE
+from gpuyard.sim.addons import Context, wait_crds
+from gpuyard.sim.nodes import SHAPES, Shape, family_of, resources
+from gpuyard.sim.processes import free_port
+from gpuyard.sim.upstream import documents, documents_in, module_dir
 
 KARPENTER_MODULE = "sigs.k8s.io/karpenter"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -33,7 +33,7 @@ _FAMILY = re.compile(r"^([a-z]+)(\d+)")
 
 
 def nodepools(resources: Iterable[Any]) -> list[dict[str, Any]]:
-    """The NodePool manifests of a plan (``infra.plan.plan(stack).resources``)."""
+    """The NodePool manifests of a plan (``gpuyard.infra.plan.plan(stack).resources``)."""
     return [r.inputs for r in resources if r.type == NODEPOOL]
 
 

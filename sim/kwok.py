@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from infra.conventions import LABEL_PART_OF, PART_OF
-from sim.upstream import documents, module_dir
+from gpuyard.infra.conventions import LABEL_PART_OF, PART_OF
+from gpuyard.sim.upstream import documents, module_dir
 
 KWOK_MODULE = "sigs.k8s.io/kwok"
 STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-ready.yaml",

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from infra.config import StackConfig
-from infra.showback import KSM_LABELS_ALLOWLIST, prometheus_rule_spec, stack_instance_types
-from sim.processes import Supervisor, free_port
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.showback import KSM_LABELS_ALLOWLIST, prometheus_rule_spec, stack_instance_types
+from gpuyard.sim.processes import Supervisor, free_port
 
 RECORD = "monitoring.json"
 SCRAPE_INTERVAL = "5s"  # the chart scrapes every 30 s; faster here so a test sees a gang within seconds

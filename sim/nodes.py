@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from infra.conventions import EFA_RESOURCE, GPU_RESOURCE, LABEL_CAPACITY_TYPE, LABEL_NODEPOOL
+from gpuyard.infra.conventions import EFA_RESOURCE, GPU_RESOURCE, LABEL_CAPACITY_TYPE, LABEL_NODEPOOL
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def nodepool_pool(manifest: dict[str, Any]) -> Pool:
 
 
 def pools(resources: list, karpenter: bool = False) -> list[Pool]:
-    """The node pools of a plan (``infra.plan.plan(stack).resources``). With ``karpenter`` (sim/karpenter.py runs
+    """The node pools of a plan (``gpuyard.infra.plan.plan(stack).resources``). With ``karpenter`` (sim/karpenter.py runs
     it), NodePools have no static nodes and managed groups their ``desiredSize`` (no autoscaler resizes them)."""
     found = []
     for resource in resources:

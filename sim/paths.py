@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.stack_file import check_stack_name
+from gpuyard.infra.stack_file import check_stack_name
 
 if TYPE_CHECKING:
-    from sim.versions import Component
+    from gpuyard.sim.versions import Component
 
 CACHE_ENV = "GPUYARD_CACHE"
 # Written by `gpuyard sim up` into every folder it makes for a cluster (its state folder, the folders upstream

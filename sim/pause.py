@@ -6,7 +6,7 @@ image (alpine:3.10 upstream: sim/addons.py training_operator_args), which runs `
 Its `nslookup` is NSLOOKUP: busybox 1.35's nslookup exits 1 for a short name when any name of the search path is
 NXDOMAIN, even when another one answered (measured in a pod: `nslookup gang-master-0` 1, the full name 0), so
 upstream's loop would wait for a master that resolves; NSLOOKUP prints busybox's answer and succeeds when it holds
-an answer record (busybox prints those as ``Name:``). Its `sh` is gosh (sim.versions.INIT_SHELL): busybox's own sh
+an answer record (busybox prints those as ``Name:``). Its `sh` is gosh (gpuyard.sim.versions.INIT_SHELL): busybox's own sh
 runs its nslookup applet for a bare `nslookup`, whatever /bin holds.
 """
 
@@ -20,9 +20,9 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from sim.paths import built, cache_root
-from sim.registry import Registry
-from sim.versions import INIT_SHELL
+from gpuyard.sim.paths import built, cache_root
+from gpuyard.sim.registry import Registry
+from gpuyard.sim.versions import INIT_SHELL
 
 REPOSITORY = "gpuyard-sim/pause"
 PACKAGE = "busybox-static"
@@ -36,7 +36,7 @@ echo "$answer" | /bin/busybox grep -q '^Name:'
 
 
 def fetch() -> Path:
-    """Debian's busybox-static package, downloaded once into the cache (`python -m sim.build` does it, outside
+    """Debian's busybox-static package, downloaded once into the cache (`python -m gpuyard.sim.build` does it, outside
     any network namespace a test runs in)."""
     folder = cache_root() / "pause"
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def _busybox() -> bytes:
 def _shell() -> bytes:
     folder = built(INIT_SHELL)
     if folder is None:
-        raise RuntimeError(f"{INIT_SHELL.name} {INIT_SHELL.version} is not built (python -m sim.build dev realnode)")
+        raise RuntimeError(f"{INIT_SHELL.name} {INIT_SHELL.version} is not built (python -m gpuyard.sim.build dev realnode)")
     return (folder / "gosh").read_bytes()
 
 

@@ -13,10 +13,10 @@ from typing import Any, Iterator
 
 import yaml
 
-from infra.conventions import LABEL_NODEPOOL
-from sim.kube import Kubectl, KubectlError
-from sim.karpenter import offered
-from sim.nodes import SHAPES, family_of, resources
+from gpuyard.infra.conventions import LABEL_NODEPOOL
+from gpuyard.sim.kube import Kubectl, KubectlError
+from gpuyard.sim.karpenter import offered
+from gpuyard.sim.nodes import SHAPES, family_of, resources
 
 # kubernetes-sigs/karpenter v1.14.1, kwok/cloudprovider/helpers.go newInstanceType: the kwok provider's overhead.
 KWOK_RESERVED = {"cpu": 0.1, "memory": 10 * 2**20}

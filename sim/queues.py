@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.conventions import GPU_RESOURCE
-from sim.kube import Kubectl
-from sim.preflight import quantity
-from sim.report import everywhere
+from gpuyard.infra.conventions import GPU_RESOURCE
+from gpuyard.sim.kube import Kubectl
+from gpuyard.sim.preflight import quantity
+from gpuyard.sim.report import everywhere
 
 WAITING = ("Pending", "Inqueue")
 

@@ -23,7 +23,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from sim.kwok import TRAINING_RUNS_MILLISECONDS
+from gpuyard.sim.kwok import TRAINING_RUNS_MILLISECONDS
 
 DASHBOARD_PORT = 8265  # KubeRay's DefaultDashboardPort (ray-operator/controllers/ray/utils/constant.go)
 HEAD_SERVICE = re.compile(r"^[a-z0-9-]+-head-svc\.[a-z0-9-]+\.svc\.[a-z0-9.-]+$")

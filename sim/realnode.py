@@ -35,12 +35,12 @@ from typing import Any, Callable
 
 import yaml
 
-from infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL, NODEPOOL_CPU
-from sim import certs, coredns
-from sim.kube import Kubectl, KubectlError
-from sim.nodes import SHAPES
-from sim.processes import Supervisor, free_port
-from sim.registry import storage_dir
+from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL, NODEPOOL_CPU
+from gpuyard.sim import certs, coredns
+from gpuyard.sim.kube import Kubectl, KubectlError
+from gpuyard.sim.nodes import SHAPES
+from gpuyard.sim.processes import Supervisor, free_port
+from gpuyard.sim.registry import storage_dir
 
 RECORD = "real-nodes.json"
 POD_NETWORK = "10.244.0.0/16"

@@ -18,9 +18,9 @@ from typing import Iterator
 
 import yaml
 
-from infra.config import StackConfig
-from sim.paths import cache_root
-from sim.processes import Supervisor, free_port
+from gpuyard.infra.config import StackConfig
+from gpuyard.sim.paths import cache_root
+from gpuyard.sim.processes import Supervisor, free_port
 
 NAME = "registry"  # the supervisor's name for it, and its binary's
 RECORD = "registry.json"

@@ -1,6 +1,6 @@
 """`gpuyard sim replay`: a trace of gangs through the simulated cluster with Karpenter, time compressed.
 
-Each gang is rendered as gpuyard renders it (``jobs.render``), placed (``jobs.placement``: a gang the stack can never
+Each gang is rendered as gpuyard renders it (``gpuyard.jobs.render``), placed (``gpuyard.jobs.placement``: a gang the stack can never
 run is explained, not applied) and applied at its arrival divided by ``speed``; the pods that end by themselves
 (torchrun's, an MPI launcher) carry their run time (duration / ``speed``) in the annotation kwok completes them by,
 MPI workers serve until their operator ends the job, as on a real cluster (sim/kwok.py serving_templates). A gang
@@ -16,18 +16,18 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from infra.config import StackConfig
-from infra.karpenter import gpu_disruption
-from jobs.duration import parse_duration
-from jobs.placement import place, stack_pools
-from jobs.render import render
-from jobs.spec import SpecError, build_spec
-from sim import preflight
-from sim.kube import Kubectl, KubectlError
-from sim.kwok import runs_for
-from sim.replay_report import ReplayJob, gang_whole, summarize
-from sim.trace import Gang
-from sim.watch import Seen, Watch, on_event, on_job, on_node, on_pod
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.karpenter import gpu_disruption
+from gpuyard.jobs.duration import parse_duration
+from gpuyard.jobs.placement import place, stack_pools
+from gpuyard.jobs.render import render
+from gpuyard.jobs.spec import SpecError, build_spec
+from gpuyard.sim import preflight
+from gpuyard.sim.kube import Kubectl, KubectlError
+from gpuyard.sim.kwok import runs_for
+from gpuyard.sim.replay_report import ReplayJob, gang_whole, summarize
+from gpuyard.sim.trace import Gang
+from gpuyard.sim.watch import Seen, Watch, on_event, on_job, on_node, on_pod
 
 POLL_SECONDS = 0.2
 PLACEHOLDER_REGISTRY = "placeholder.invalid"  # nothing is pulled in the simulated cluster
@@ -130,8 +130,8 @@ def _apply(kubectl: Kubectl, jobs: list[ReplayJob], now: float) -> list[ReplayJo
 
 def _explain_waiting(kubectl: Kubectl, jobs: list[ReplayJob], seen: Seen, end: float) -> None:
     """Why each gang that never ran whole is waiting: what Volcano, the scheduler, Karpenter and the operator said
-    (sim.submit.check)."""
-    from sim.submit import SubmitFailed, Watch as Followed, check
+    (gpuyard.sim.submit.check)."""
+    from gpuyard.sim.submit import SubmitFailed, Watch as Followed, check
 
     for job in jobs:
         with seen.lock:

@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config import StackConfig
-from infra.conventions import GPU_RESOURCE
-from sim.trace import Gang
-from sim.watch import Holding, NodeLife, Seen
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.conventions import GPU_RESOURCE
+from gpuyard.sim.trace import Gang
+from gpuyard.sim.watch import Holding, NodeLife, Seen
 
 
 @dataclass

@@ -7,8 +7,8 @@ import json
 from collections import Counter
 from typing import Any
 
-from infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL
-from sim.kube import Kubectl
+from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL
+from gpuyard.sim.kube import Kubectl
 
 NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 NODEGROUP_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"

@@ -1,4 +1,4 @@
-"""The stack's Kubernetes layer as the offline plan (``infra.plan``) registers it: every object the Pulumi program
+"""The stack's Kubernetes layer as the offline plan (``gpuyard.infra.plan``) registers it: every object the Pulumi program
 creates directly, for server-side apply. Helm releases, the kustomize directory and the upstream manifest are stood
 in for by the components `gpuyard sim` builds and runs (sim/addons.py); Karpenter's NodePools and EC2NodeClass by
 the simulated nodes (sim/nodes.py; Karpenter itself is part 2); the PodMonitor needs Prometheus Operator's CRD,
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.plan import PlannedResource
+from gpuyard.infra.plan import PlannedResource
 
 # Pulumi resource types that install upstream software rather than declare an object.
 INSTALLERS = ("kubernetes:helm.sh/v3:Release", "kubernetes:kustomize/v2:Directory", "kubernetes:yaml/v2:ConfigFile")

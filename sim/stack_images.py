@@ -12,14 +12,15 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from infra.config import StackConfig
-from infra.images import image_ref
-from jobs.image_build import (REPO_ROOT, BuildError, BuildFailed, build_args, check_images, dockerfile,
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.images import image_ref
+from gpuyard.jobs.context_image import GENERATED, ContextBuild
+from gpuyard.jobs.image_build import (REPO_ROOT, BuildError, BuildFailed, build_args, check_images, dockerfile,
                               ecr_authorization, push_host, source_revision)
-from sim import buildkit
-from sim.build import build_component, go_available
-from sim.paths import bin_dir
-from sim.versions import IMAGE_COMPONENTS
+from gpuyard.sim import buildkit
+from gpuyard.sim.build import build_component, go_available
+from gpuyard.sim.paths import bin_dir
+from gpuyard.sim.versions import IMAGE_COMPONENTS
 
 BUILDER = ("runc", "buildkit")
 
@@ -29,12 +30,13 @@ def loopback(host: str) -> bool:
     return name == "localhost" or name.startswith("127.")
 
 
-def output(ref: str, push: bool) -> str:
-    """buildctl's --output: the image named ``ref``, pushed or left in BuildKit's cache."""
+def output(ref: str, push: bool, plain_http: bool) -> str:
+    """buildctl's --output: the image named ``ref``, pushed or left in BuildKit's cache; to a registry that speaks
+    plain HTTP (a local one) with its layers uncompressed."""
     parts = ["type=image", f"name={ref}"]
     if push:
         parts.append("push=true")
-        if loopback(ref.split("/", 1)[0]):
+        if plain_http:
             parts += ["registry.insecure=true", "compression=uncompressed"]
     return ",".join(parts)
 
@@ -46,11 +48,13 @@ def build_images(config: StackConfig, images: Sequence[str], *, push: bool, plat
     commands (shell-quoted, one a line) and runs nothing."""
     check_images(images)
     host = push_host(config) if push else None
+    plain_http = bool(host) and loopback(host)
     args = build_args(source_revision(), extra_args)
     components = [c for c in IMAGE_COMPONENTS if c.name in BUILDER]
     planned = buildkit.builder({c.name: bin_dir(c.name, c.version) for c in components})
-    commands = {image: planned.command(dockerfile(image), REPO_ROOT, output=output(image_ref(config, image), push),
-                                       build_args=args, platform=platform) for image in images}
+    outputs = {image: output(image_ref(config, image), push, plain_http) for image in images}
+    commands = {image: planned.command(dockerfile(image), REPO_ROOT, output=outputs[image], build_args=args,
+                                       platform=platform) for image in images}
     if dry_run:
         for command in commands.values():
             echo(shlex.join(command))
@@ -69,7 +73,7 @@ def build_images(config: StackConfig, images: Sequence[str], *, push: bool, plat
             ref = image_ref(config, image)
             echo(f"building {image} with BuildKit (no Docker engine): {shlex.join(commands[image])}")
             try:
-                builder.build(image, dockerfile(image), REPO_ROOT, output=output(ref, push), build_args=args,
+                builder.build(image, dockerfile(image), REPO_ROOT, output=outputs[image], build_args=args,
                               platform=platform, env={"DOCKER_CONFIG": docker_config}, logged=False)
             except buildkit.BuildFailed as error:
                 raise BuildFailed(str(error)) from None
@@ -77,3 +81,49 @@ def build_images(config: StackConfig, images: Sequence[str], *, push: bool, plat
             echo(f"pushed {ref}" if push else
                  f"built {ref} (kept in BuildKit's cache, {buildkit.root()}: no Docker engine to load it into)")
     return built
+
+
+def plain_http_registries(stack: str, hosts: set[str]) -> list[str]:
+    """Those of ``hosts`` that speak plain HTTP: on loopback, or the registry of the stack's sim (on its bridge
+    with real nodes)."""
+    from gpuyard.sim.cluster import Sim
+
+    sim = Sim(stack).registry()
+    return sorted(host for host in hosts if loopback(host) or (sim is not None and host == sim.address))
+
+
+def build_context_image(config: StackConfig, build: ContextBuild, *, push: bool, platform: str,
+                        echo: Callable[[str], None], say: Callable[[str], None], dry_run: bool = False) -> str:
+    """BuildKit's build (and push) of a user's folder (gpuyard.jobs.context_image); returns its reference, which
+    it echoes; ``dry_run`` echoes the Dockerfile and buildctl's command and runs nothing."""
+    host = push_host(config) if push else None
+    hosts = {build.base.split("/", 1)[0], *([host] if host else [])}
+    plain_http = plain_http_registries(config.stack, hosts)
+    target = output(build.ref, push, host in plain_http)
+    components = [c for c in IMAGE_COMPONENTS if c.name in BUILDER]
+    planned = buildkit.builder({c.name: bin_dir(c.name, c.version) for c in components})
+    if dry_run:
+        for line in build.describe(planned.command(GENERATED / "Dockerfile", build.context, output=target,
+                                                   platform=platform)):
+            echo(line)
+        return build.ref
+    if not go_available():
+        raise BuildError("no Docker engine, and no `go` to build BuildKit with (sim/go/buildkit)")
+    bins = {c.name: build_component(c, say) for c in components}
+    with tempfile.TemporaryDirectory(prefix="gpuyard-context-") as folder, \
+            buildkit.running(bins, plain_http, say) as builder:
+        docker_config = Path(folder) / "docker"
+        docker_config.mkdir()
+        auths = {h: {"auth": token} for h in sorted(hosts) if (token := ecr_authorization(h))}
+        (docker_config / "config.json").write_text(json.dumps({"auths": auths}))
+        dockerfile = build.write(Path(folder))
+        say(f"building {build.context} on {build.base} with BuildKit (no Docker engine)")
+        try:
+            builder.build(f"context-{build.ref.rsplit(':', 1)[1]}", dockerfile, build.context, output=target,
+                          platform=platform, env={"DOCKER_CONFIG": str(docker_config)}, logged=False)
+        except buildkit.BuildFailed as error:
+            raise BuildFailed(str(error)) from None
+    say(f"pushed {build.ref}" if push else
+        f"built {build.ref} (kept in BuildKit's cache, {buildkit.root()}: no Docker engine to load it into)")
+    echo(build.ref)
+    return build.ref

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import yaml
 
-from sim import preflight
-from sim.kube import Kubectl, KubectlError
+from gpuyard.sim import preflight
+from gpuyard.sim.kube import Kubectl, KubectlError
 
 POLL_SECONDS = 0.5
 LABEL_JOB = "gpuyard.io/job"

@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.config import StackConfig
-from infra.conventions import GPU_RESOURCE
-from infra.validation import validation_message
-from sim.preflight import pod_sets
+from gpuyard.infra.config import StackConfig
+from gpuyard.infra.conventions import GPU_RESOURCE
+from gpuyard.infra.validation import validation_message
+from gpuyard.sim.preflight import pod_sets
 
 # Kinds kwok ends after the gang's duration (sim/kwok.py runs_for: the pods that end by themselves carry it, MPI
 # workers serve until their operator ends the job); Ray's pods are servers that never end by themselves there and

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from sim.versions import GO_DIR
+from gpuyard.sim.versions import GO_DIR
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.config import ConfigError
+from gpuyard.infra.config import ConfigError
 
 GO_DIR = Path(__file__).resolve().parent / "go"
 
@@ -145,5 +145,5 @@ KUBE_STATE_METRICS = Component("kube-state-metrics", "v2.19.1", {"kube-state-met
 
 
 def tools() -> tuple[Component, ...]:
-    """What CI builds besides the simulated cluster (``python -m sim.build``)."""
+    """What CI builds besides the simulated cluster (``python -m gpuyard.sim.build``)."""
     return (PROMETHEUS, KUBE_STATE_METRICS)

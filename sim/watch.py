@@ -10,12 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from infra.conventions import LABEL_CAPACITY_TYPE, LABEL_JOB
-from jobs.processes import stop_tree
-from sim.kube import Kubectl
-from sim.nodes import SHAPES
-from sim.preflight import pod_requests, quantity
-from sim.report import node_pool
+from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE, LABEL_JOB
+from gpuyard.jobs.processes import stop_tree
+from gpuyard.sim.kube import Kubectl
+from gpuyard.sim.nodes import SHAPES
+from gpuyard.sim.preflight import pod_requests, quantity
+from gpuyard.sim.report import node_pool
 
 RESTART_SECONDS = 0.2
 TERMINAL = ("Succeeded", "Failed")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 
-from infra.charts import DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from gpuyard.infra.charts import DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
 
 # NVIDIA/k8s-device-plugin v0.17.4, deployments/helm/nvidia-device-plugin/values.yaml: nodeSelector {}, this
 # default affinity (NFD's PCI vendor label, Tegra's CPU vendor label, or the label anyone can set), and these

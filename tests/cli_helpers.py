@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GPUYARD = [sys.executable, "-m", "jobs.cli.main"]
+GPUYARD = [sys.executable, "-m", "gpuyard.jobs.cli.main"]
 
 
 def gpuyard(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 120,
@@ -25,10 +25,10 @@ def gpuyard(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: floa
 def gpuyard_forked(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 60,
                    stdin: str = "") -> subprocess.CompletedProcess:
     """``gpuyard ARGS`` in a process of its own, forked from this one once it has imported the CLI: the code, the
-    environment, the working folder, stdin/stdout/stderr and the exit status of ``python -m jobs.cli.main ARGS``,
+    environment, the working folder, stdin/stdout/stderr and the exit status of ``python -m gpuyard.jobs.cli.main ARGS``,
     without two seconds of imports per case (the bad-input tables run hundreds). The child leads a session of its
     own; ``session_left`` tells whether anything of it outlived it."""
-    from jobs.cli.main import main
+    from gpuyard.jobs.cli.main import main
 
     variables = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
     pipes = {name: os.pipe() for name in ("stdin", "stdout", "stderr")}

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import STACKS_DIR_ENV, StackConfig, stacks_dir
-from jobs.local_aws import LocalAWS
-from jobs.processes import interrupt_on_sigterm
+from gpuyard.infra.config import STACKS_DIR_ENV, StackConfig, stacks_dir
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.processes import interrupt_on_sigterm
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -33,7 +33,7 @@ def with_registry(config: StackConfig) -> StackConfig:
 @pytest.fixture(scope="session")
 def registry_stacks(tmp_path_factory) -> Path:
     """A copy of stacks/ whose stacks set gpuyard:image_registry (their ECR registry in the test account)."""
-    from infra.config import load_stack
+    from gpuyard.infra.config import load_stack
 
     folder = tmp_path_factory.mktemp("stacks")
     for path in stacks_dir().glob("Pulumi.*.yaml"):

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from jobs.workload import dist
-from jobs.workload.data import build_model
-from jobs.workload.engine import ShardedCheckpointer
-from jobs.workload.manager import SaveSchedule
-from jobs.workload.sharded import ShardedCheckpointManager
-from jobs.workload.state import RankRNG, TrainProgress
-from jobs.workload.storage import open_storage
+from gpuyard.jobs.workload import dist
+from gpuyard.jobs.workload.data import build_model
+from gpuyard.jobs.workload.engine import ShardedCheckpointer
+from gpuyard.jobs.workload.manager import SaveSchedule
+from gpuyard.jobs.workload.sharded import ShardedCheckpointManager
+from gpuyard.jobs.workload.state import RankRNG, TrainProgress
+from gpuyard.jobs.workload.storage import open_storage
 
 
 def digest(value) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from infra.plan import Plan, PlannedResource, plan
+from gpuyard.infra.plan import Plan, PlannedResource, plan
 
 
 @cache

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from sim.buildkit import cgroup_parent
-from sim.paths import bin_dir, cache_root
-from sim.versions import IMAGE_COMPONENTS
+from gpuyard.sim.buildkit import cgroup_parent
+from gpuyard.sim.paths import bin_dir, cache_root
+from gpuyard.sim.versions import IMAGE_COMPONENTS
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.local_aws import free_port
-from jobs.processes import stop_tree
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.processes import stop_tree
 
 RAY = str(Path(sys.executable).with_name("ray"))
 READY = "This command will now block forever"

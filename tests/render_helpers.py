@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 
-from infra.config import StackConfig, parse_stack
-from jobs.render import render
-from jobs.spec import JobSpec, build_spec
+from gpuyard.infra.config import StackConfig, parse_stack
+from gpuyard.jobs.render import render
+from gpuyard.jobs.spec import JobSpec, build_spec
 
 STACK = parse_stack("test", {
     "gpuyard:cluster_name": "yard",

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sim import realnode
-from sim.cluster import Sim
-from sim.processes import alive, zombie
+from gpuyard.sim import realnode
+from gpuyard.sim.cluster import Sim
+from gpuyard.sim.processes import alive, zombie
 
 
 @contextmanager

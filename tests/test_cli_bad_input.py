@@ -63,7 +63,7 @@ RENDER = [
     (["--env", "A=1", "--env", "A=2"], "--env: A is set twice"),
     (["--nodes", "10000", "--gpus-per-node", "0"], "--nodes 10000 --cpu 2 --memory-gib 8: the gang of 20001 CPUs never fits"),
     (["--gpus-per-node", "0", "--cpu", "100"], "--cpu 100 --memory-gib 8: the gang of 201 CPUs never fits"),
-    (["--gpus-per-node", "0", "--memory-gib", "300"], "allow 256 GiB of memory"),
+    (["--gpus-per-node", "0", "--memory-gib", "300"], "allows 256 GiB of memory"),
     (["--node-pool", " "], "--node-pool is empty"),
     (["--node-pool", "nope"], "--node-pool nope"),
     (["--env", "NOVALUE"], "--env: bad env 'NOVALUE': expected KEY=VALUE"),

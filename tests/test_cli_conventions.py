@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from cli_helpers import gpuyard
-from jobs.cli.options import gpuyard_version
-from jobs.render import write_manifests
+from gpuyard.jobs.cli.options import gpuyard_version
+from gpuyard.jobs.render import write_manifests
 
 
 @pytest.fixture(autouse=True)

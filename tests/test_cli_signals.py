@@ -16,8 +16,8 @@ import yaml
 
 from cli_helpers import GPUYARD, REPO
 from test_ephemeral_stacks import GPUYARD as GPUYARD_ENTRY, fake_pulumi, sandbox  # noqa: F401 (fixtures)
-from infra.signals import signals_deferred
-from jobs.processes import alive, descendants, interrupt_on_sigterm
+from gpuyard.infra.signals import signals_deferred
+from gpuyard.jobs.processes import alive, descendants, interrupt_on_sigterm
 
 DEMO_FILES = 10
 
@@ -103,7 +103,7 @@ def test_a_signal_to_demo_leaves_no_process_no_port_and_no_half_output(tmp_path,
 # every dataclass and namedtuple made during an import runs (found with a spy on os.kill/raise_signal in the demo: no
 # Python code sent the fatal SIGINT; CPython's exit_sigint did, Modules/main.c).
 INTERRUPTED_IN_EXEC = """
-import jobs.cli.main as cli
+import gpuyard.jobs.cli.main as cli
 
 def command(*args, **kwargs):
     exec("raise KeyboardInterrupt")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.command import contract
-from jobs.render import render, to_yaml
-from jobs.spec import KINDS
+from gpuyard.infra import conventions as contract
+from gpuyard.jobs.render import render, to_yaml
+from gpuyard.jobs.spec import KINDS
 from render_helpers import STACK, make_spec, pod_templates
 
 GPUYARD = Path(sys.executable).with_name("gpuyard")
@@ -68,20 +68,20 @@ def test_the_command_and_its_args_end_the_launch_command_in_order(kind, form):
     words = launch_words(render(make_spec(kind, command=COMMANDS[form]), STACK.team("vision")))
     command = COMMANDS[form]
     assert any(words[index:index + len(command)] == command for index in range(len(words)))
-    assert "jobs.workload.train" not in words and "jobs.workload.ray_entry" not in words
+    assert "gpuyard.jobs.workload.train" not in words and "gpuyard.jobs.workload.ray_entry" not in words
 
 
 @pytest.mark.parametrize("kind", ["mpijob", "volcanojob"])
 def test_mpirun_ranks_run_the_command_through_the_rank_variables_shim(kind):
     words = launch_words(render(make_spec(kind, command=COMMANDS["script"]), STACK.team("vision")))
     python = words.index("python3", words.index("mpirun"))
-    assert words[python:python + 4] == ["python3", "-m", "jobs.command.mpi_rank", "train_ddp.py"]
+    assert words[python:python + 4] == ["python3", "-m", "gpuyard.jobs.command.mpi_rank", "train_ddp.py"]
 
 
 def test_rayjob_runs_the_command_entry_with_the_workers_gpus_restarts_and_grace():
     manifest = render(make_spec("rayjob", nodes=3, gpus_per_node=2, capacity_type="spot", command=["t.py"]),
                       STACK.team("vision"))
-    assert manifest["spec"]["entrypoint"] == ("python -m jobs.command.ray_entry --num-workers 6 --use-gpu "
+    assert manifest["spec"]["entrypoint"] == ("python -m gpuyard.jobs.command.ray_entry --num-workers 6 --use-gpu "
                                               "--max-restarts 3 --grace-period 90 -- t.py")
 
 
@@ -152,11 +152,11 @@ def test_every_kind_gives_its_ranks_the_same_contract(kind, capacity):
     spec = make_spec(kind, name="vision-own", capacity_type=capacity, command=COMMANDS["script"])
     grace = {"on-demand": 300, "spot": 90}[capacity]
     env = rank_env(render(spec, STACK.team("vision")))
-    assert {name: env.get(name) for name in contract.VARIABLES} == {
-        contract.JOB_NAME: "vision-own", contract.TEAM: "vision",
-        contract.CHECKPOINT_URI: "s3://yard-checkpoints/teams/vision/vision-own",
-        contract.GRACE_PERIOD_SECONDS: str(grace // 3 if kind in ("mpijob", "volcanojob") else grace),
-        contract.METRICS_PORT: "9464",
+    assert {name: env.get(name) for name in contract.CONTRACT_VARIABLES} == {
+        contract.ENV_JOB_NAME: "vision-own", contract.ENV_TEAM: "vision",
+        contract.ENV_CHECKPOINT_URI: "s3://yard-checkpoints/teams/vision/vision-own",
+        contract.ENV_GRACE_PERIOD_SECONDS: str(grace // 3 if kind in ("mpijob", "volcanojob") else grace),
+        contract.ENV_METRICS_PORT: "9464", contract.ENV_DATA_URI: "s3://yard-checkpoints/data/vision/",
     }
 
 
@@ -170,4 +170,4 @@ def test_default_names_and_checkpoint_folders_are_new_for_every_submission():
     assert names[0] != names[1] and all(re.fullmatch(r"nlp-pytorchjob-[a-z0-9]{5}", name) for name in names)
     folders = [job["metadata"]["annotations"]["gpuyard.io/checkpoint-uri"] for job in jobs]
     assert folders[0] != folders[1] and all(folder.endswith(f"/{name}") for folder, name in zip(folders, names))
-    assert [rank_env(job)[contract.CHECKPOINT_URI] for job in jobs] == folders
+    assert [rank_env(job)[contract.ENV_CHECKPOINT_URI] for job in jobs] == folders

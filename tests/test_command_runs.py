@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.local_aws import free_port
-from infra.conventions import METRICS_PORT
-from jobs.render import render
-from jobs.spec import JobSpec
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.infra.conventions import METRICS_PORT
+from gpuyard.jobs.render import render
+from gpuyard.jobs.spec import JobSpec
 from render_helpers import STACK, make_spec
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ import json, os, sys
 from pathlib import Path
 
 CONTRACT = ("GPUYARD_JOB_NAME", "GPUYARD_TEAM", "GPUYARD_CHECKPOINT_URI", "GPUYARD_GRACE_PERIOD_SECONDS",
-            "GPUYARD_METRICS_PORT")
+            "GPUYARD_METRICS_PORT", "GPUYARD_DATA_URI")
 
 import torch
 import torch.distributed as dist
@@ -79,7 +79,8 @@ def assert_ranks_ran(spec: JobSpec, argv: list[str], grace: int, world: int = 2)
     out = Path(spec.checkpoint_uri)
     ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(world)]
     contract = {"GPUYARD_JOB_NAME": spec.name, "GPUYARD_TEAM": "vision", "GPUYARD_CHECKPOINT_URI": str(out),
-                "GPUYARD_GRACE_PERIOD_SECONDS": str(grace), "GPUYARD_METRICS_PORT": str(METRICS_PORT)}
+                "GPUYARD_GRACE_PERIOD_SECONDS": str(grace), "GPUYARD_METRICS_PORT": str(METRICS_PORT),
+                "GPUYARD_DATA_URI": spec.data_uri}
     assert [rank["contract"] for rank in ranks] == [contract] * world
     assert [rank["world"] for rank in ranks] == [world] * world
     assert [rank["sum"] for rank in ranks] == [world * (world + 1) / 2] * world  # all_reduce across the ranks

@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 
 from dockerfile_parse import Dockerfile
-from infra.charts import EFA_DEVICE_PLUGIN, KARPENTER
-from infra.cluster import ADDON_CONFLICTS, EKS_ADDONS
-from infra.config import load_stack
-from infra.conventions import (EFA_RESOURCE, HUGEPAGES_EFA, HUGEPAGES_EFA_NODE_PAGES, HUGEPAGES_RESOURCE,
+from gpuyard.infra.charts import EFA_DEVICE_PLUGIN, KARPENTER
+from gpuyard.infra.cluster import ADDON_CONFLICTS, EKS_ADDONS
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import (EFA_RESOURCE, HUGEPAGES_EFA, HUGEPAGES_EFA_NODE_PAGES, HUGEPAGES_RESOURCE,
                                NODEPOOL_GPU_EFA)
-from infra.images import kept_tags
-from infra.karpenter import (CHART_REPLICAS, EFA_NODE_CLASS, LABEL_ZONE, MAINTENANCE_WINDOW_HOURS,
+from gpuyard.infra.images import kept_tags
+from gpuyard.infra.karpenter import (CHART_REPLICAS, EFA_NODE_CLASS, LABEL_ZONE, MAINTENANCE_WINDOW_HOURS,
                              MAINTENANCE_WINDOW_START)
-from infra.storage import ecr_lifecycle_policy
+from gpuyard.infra.storage import ecr_lifecycle_policy
 from infra_plans import named, of_type, planned
-from jobs.placement import place
-from jobs.render import render_specs
-from jobs.spec import build_spec
+from gpuyard.jobs.placement import place
+from gpuyard.jobs.render import render_specs
+from gpuyard.jobs.spec import build_spec
 from conftest import with_registry
 
 STACKS = ("dev", "prod", "ephemeral")

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from infra.charts import DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
-from infra.conventions import GRACE_PERIOD_SECONDS, SPOT_NOTICE_SECONDS
-from infra.instance_types import GPU_INSTANCE_TYPES, types_of_families
+from gpuyard.infra.charts import DCGM_EXPORTER, EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN
+from gpuyard.infra.conventions import GRACE_PERIOD_SECONDS, SPOT_NOTICE_SECONDS
+from gpuyard.infra.instance_types import GPU_INSTANCE_TYPES, types_of_families
 from chart_constraints import admits, pod_placement
 from infra_plans import of_type, planned
-from jobs.duration import parse_duration
+from gpuyard.jobs.duration import parse_duration
 
 STACKS = ("dev", "prod", "ephemeral")
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.charts import KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
-from infra.config import load_stack
-from infra.operators import (
+from gpuyard.infra.charts import KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.operators import (
     KUBERAY_OPERATOR_ARGS,
     MPI_OPERATOR_ARGS,
     PYTORCH_INIT_TEMPLATE,
@@ -24,7 +24,7 @@ from infra.operators import (
 )
 from conftest import with_registry
 from infra_plans import kubernetes_manifests, of_type, planned
-from jobs.render import default_specs, render
+from gpuyard.jobs.render import default_specs, render
 from pod_security import restricted_violations
 
 STACKS = ("dev", "prod", "ephemeral")

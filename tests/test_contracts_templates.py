@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import with_registry
-from infra.config import load_stack
-from jobs.render import default_specs, render
+from gpuyard.infra.config import load_stack
+from gpuyard.jobs.render import default_specs, render
 from render_helpers import trainer_templates
 from infra_plans import kubernetes_manifests, planned
 from test_contracts_nodes import managed_nodes, pool_nodes

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack
-from infra.conventions import RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES
-from infra.gpu_access import TOOLKIT_SETTINGS, toolkit_script
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES
+from gpuyard.infra.gpu_access import TOOLKIT_SETTINGS, toolkit_script
 from infra_plans import of_type, planned
 
 STACKS = ("dev", "prod", "ephemeral")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jobs.workload.checkpoint import manifest_name
+from gpuyard.jobs.workload.checkpoint import manifest_name
 from workload_launch import REPO
 
 pytestmark = pytest.mark.slow
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_demo_trains_under_torchrun_checkpoints_to_local_s3_and_summarises(tmp_path):
     manifests = tmp_path / "manifests"
-    result = subprocess.run([sys.executable, "-c", "from jobs.cli.main import main; main()", "demo", "-d", str(manifests)],
+    result = subprocess.run([sys.executable, "-c", "from gpuyard.jobs.cli.main import main; main()", "demo", "-d", str(manifests)],
                             capture_output=True, text=True, cwd=REPO, timeout=300,
                             env={**os.environ, "COLUMNS": "160"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -43,7 +43,7 @@ def test_demo_trains_under_torchrun_checkpoints_to_local_s3_and_summarises(tmp_p
 
 
 def test_demo_rejects_an_unknown_stack_in_one_line_before_training():
-    result = subprocess.run([sys.executable, "-c", "from jobs.cli.main import main; main()", "demo", "--stack", "nope"],
+    result = subprocess.run([sys.executable, "-c", "from gpuyard.jobs.cli.main import main; main()", "demo", "--stack", "nope"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("gpuyard: error: Invalid value for '--stack': unknown stack 'nope'")
@@ -52,7 +52,7 @@ def test_demo_rejects_an_unknown_stack_in_one_line_before_training():
 
 
 def test_a_failed_training_names_the_workers_exception_not_torchrun_boilerplate():
-    from jobs.cli.demo import root_cause
+    from gpuyard.jobs.cli.demo import root_cause
 
     launcher = "\n".join([
         "[rank1]:     digest.update(...)",

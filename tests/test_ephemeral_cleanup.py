@@ -27,8 +27,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from infra.conventions import TAG_STACK
-from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan
+from gpuyard.infra.conventions import TAG_STACK
+from gpuyard.jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan
 
 pytestmark = pytest.mark.slow
 
@@ -541,7 +541,7 @@ def test_empty_cluster_name_is_a_usage_error(local_aws):
 
 
 def test_unreachable_endpoint_before_any_change_is_one_line():
-    from jobs.local_aws import free_port
+    from gpuyard.jobs.local_aws import free_port
     result = gpuyard("env", "cleanup", "--cluster", CLUSTER, "--yes", endpoint=f"http://127.0.0.1:{free_port()}",
                      extra_env={"AWS_MAX_ATTEMPTS": "1"})
     assert result.returncode == 2

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import ConfigError, Lease, parse_stack
-from jobs.local_aws import free_port
-from jobs.ephemeral.stacks import (LEASE_KEY, PULUMI_MISSING, EnvError, EnvStack, due_for_reaping, env_config,
+from gpuyard.infra.config import ConfigError, Lease, parse_stack
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.ephemeral.stacks import (LEASE_KEY, PULUMI_MISSING, EnvError, EnvStack, due_for_reaping, env_config,
                                    env_from_config)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infra.conventions import TAG_STACK
-from jobs.ephemeral.cleanup import (cluster_owned, cluster_security_group, karpenter_instance,
+from gpuyard.infra.conventions import TAG_STACK
+from gpuyard.jobs.ephemeral.cleanup import (cluster_owned, cluster_security_group, karpenter_instance,
                                     load_balancer_controller_resource, not_ours, references_revocable)
 
 C = "alpha"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.duration import DurationError, parse_duration
-from jobs.ephemeral.ttl import MAX_TTL, describe_remaining, format_expiry, parse_ttl
+from gpuyard.jobs.duration import DurationError, parse_duration
+from gpuyard.jobs.ephemeral.ttl import MAX_TTL, describe_remaining, format_expiry, parse_ttl
 
 NOW = datetime(2026, 12, 2, 15, 0, tzinfo=UTC)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import load_stack
-from sim.cluster import Sim
+from gpuyard.infra.config import load_stack
+from gpuyard.sim.cluster import Sim
 
 HINT = "(EKS: pulumi stack output kubeconfig; simulated: gpuyard sim kubeconfig)"
 KUBECTL = shutil.which("kubectl") or Sim("dev").kubectl_binary()
@@ -18,7 +18,7 @@ KUBECTL = shutil.which("kubectl") or Sim("dev").kubectl_binary()
 
 def gpuyard(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
     environ = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
-    return subprocess.run([sys.executable, "-m", "jobs.cli.main", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "gpuyard.jobs.cli.main", *args], capture_output=True, text=True, timeout=120,
                           env={**environ, "HOME": str(home), **env})
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import load_stack, stack_file
-from infra.conventions import IMAGE_NAMES
-from jobs.image_build import REPO_ROOT
-from infra.images import image_ref
+from gpuyard.infra.config import load_stack, stack_file
+from gpuyard.infra.conventions import IMAGE_NAMES
+from gpuyard.jobs.image_build import REPO_ROOT
+from gpuyard.infra.images import image_ref
 
 GPUYARD = Path(sys.executable).parent / "gpuyard"
 ECR_REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com/gpuyard-dev"
@@ -176,10 +176,10 @@ def test_dry_run_prints_the_buildx_commands_and_runs_nothing(docker):
 @pytest.mark.slow
 def test_without_a_docker_engine_buildkit_builds_and_pushes_to_the_stacks_registry(docker, tmp_path):
     """BuildKit for real, on the base `gpuyard sim images` makes, pushing to a registry on loopback."""
-    from sim.build import build_component
-    from sim.images import base_build, build_images
-    from sim.registry import serving
-    from sim.versions import IMAGE_COMPONENTS
+    from gpuyard.sim.build import build_component
+    from gpuyard.sim.images import base_build, build_images
+    from gpuyard.sim.registry import serving
+    from gpuyard.sim.versions import IMAGE_COMPONENTS
 
     env, _ = docker
     binary = build_component(next(c for c in IMAGE_COMPONENTS if c.name == "registry"), print) / "registry"

@@ -1,7 +1,7 @@
 """The built images run the trainer in real containers (runc), checkpointing to a real S3 endpoint (moto_server).
 
 The images are built from images/*/Dockerfile by BuildKit on the bases made here and pushed to the registry
-(sim/images.py; cached by their inputs, so after `python -m sim.images` this only reads them). Each container is
+(sim/images.py; cached by their inputs, so after `python -m gpuyard.sim.images` this only reads them). Each container is
 unpacked from the pushed image and started with its own PID namespace (tests/oci_containers.py): the ddp image's
 torchrun with 2 processes, the MPIJob's launcher mpirun reaching two worker containers' sshd, the Ray entry with 2
 Ray workers. What a pod network would give, the host's loopback stands in for: each worker has its own 127.0.0.x
@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 
 from conftest import with_registry
-from infra.config import load_stack
-from jobs.local_aws import LocalAWS, free_port
-from jobs.render import render
-from jobs.spec import GRACE_PERIOD_SECONDS, build_spec
-from jobs.workload.args import TORCHRUN_MODULE, TRAIN_MODULE
-from jobs.workload.checkpoint import manifest_name
+from gpuyard.infra.config import load_stack
+from gpuyard.jobs.local_aws import LocalAWS, free_port
+from gpuyard.jobs.render import render
+from gpuyard.jobs.spec import GRACE_PERIOD_SECONDS, build_spec
+from gpuyard.jobs.workload.args import TORCHRUN_MODULE, TRAIN_MODULE
+from gpuyard.jobs.workload.checkpoint import manifest_name
 from oci_containers import Image, container, wait_for
-from sim.build import build_component
-from sim.images import build_images
-from sim.registry import serving
-from sim.versions import IMAGE_COMPONENTS
+from gpuyard.sim.build import build_component
+from gpuyard.sim.images import build_images
+from gpuyard.sim.registry import serving
+from gpuyard.sim.versions import IMAGE_COMPONENTS
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +105,7 @@ def test_ddp_image_trains_under_torchrun_with_2_processes_and_checkpoints_to_s3(
 def test_ray_image_trains_with_2_ray_workers_to_the_ddp_weights(images, s3, ddp_done, tmp_path):
     image = images["ray"]
     command = image.config["config"]["Cmd"]
-    assert command[:3] == ["python", "-m", "jobs.workload.ray_entry"] and image.config["config"]["User"] == "1000:100"
+    assert command[:3] == ["python", "-m", "gpuyard.jobs.workload.ray_entry"] and image.config["config"]["User"] == "1000:100"
     output = tmp_path / "output.log"
     with container(image, "ray", tmp_path / "bundle", output, env={**s3.env, **LOOPBACK_ONLY},
                    args=[*command, "--checkpoint-uri", f"s3://{BUCKET}/ray"]) as run:
@@ -146,7 +146,7 @@ class MPIJob:
         launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
         command = self._port([*launcher["command"], *launcher["args"]])
         command[command.index("--metrics-port") + 1] = str(free_port())
-        mpirun = command.index("mpirun") + 1  # the launcher's supervisor (jobs.workload.launch) runs mpirun
+        mpirun = command.index("mpirun") + 1  # the launcher's supervisor (gpuyard.jobs.workload.launch) runs mpirun
         self.launcher_command = [*command[:mpirun], *MPI_LOOPBACK, *command[mpirun:], *extra_args]
         self.launcher_env = {**{e["name"]: e["value"] for e in launcher["env"]}, "MASTER_ADDR": "worker-0",
                              "MASTER_PORT": str(free_port()), "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",

@@ -16,8 +16,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from dockerfile_parse import IMAGES, REPO, Dockerfile, dockerfiles
-from infra.conventions import IMAGE_NAMES, METRICS_PORT
-from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
+from gpuyard.infra.conventions import IMAGE_NAMES, METRICS_PORT
+from gpuyard.jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
 OCI_LABELS = ("title", "description", "version", "revision", "licenses", "base.name")
@@ -161,7 +161,8 @@ def test_gpu_images_carry_libfabric_and_aws_ofi_nccl_pinned_on_the_library_path(
 def test_dockerignore_lets_in_only_the_package_and_images():
     patterns = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert patterns[0] == "*"
-    assert {p for p in patterns if p.startswith("!")} == {"!pyproject.toml", "!README.md", "!infra/", "!jobs/", "!images/"}
+    assert {p for p in patterns if p.startswith("!")} == {"!pyproject.toml", "!setup.py", "!README.md", "!infra/", "!jobs/",
+                                                                "!images/"}
 
 
 def test_no_key_material_under_images():
@@ -192,7 +193,7 @@ def _third_party_imports(module: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        path = REPO / Path(*name.split("."))
+        path = REPO / Path(*name.split(".")[1:])  # gpuyard.jobs.x is jobs/x (pyproject.toml's package-dir)
         source = path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
@@ -203,8 +204,8 @@ def _third_party_imports(module: str) -> set[str]:
                 continue
             for imported in names:
                 top = imported.split(".")[0]
-                if top in ("jobs", "infra"):
-                    candidate = REPO / Path(*imported.split("."))
+                if top == "gpuyard":
+                    candidate = REPO / Path(*imported.split(".")[1:])
                     if candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists():
                         todo.append(imported)
                 elif top not in sys.stdlib_module_names and top != "__future__":

@@ -30,7 +30,7 @@ def build_context(tmp_path: Path) -> Path:
     """What .dockerignore lets into the build (tests/test_images_dockerfiles.py pins that list)."""
     context = tmp_path / "context"
     context.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, context / name)
     for name in ("infra", "jobs", "images"):
         shutil.copytree(REPO / name, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -65,14 +65,18 @@ def install(python: Path, context: Path, modules: list[str], cwd: Path) -> subpr
 
 def test_installs_the_package_without_its_infra_dependencies(base_python, tmp_path):
     modules = install_modules("ddp")
-    assert modules == ["jobs.workload.train"] == install_modules("mpi")
+    assert modules == ["gpuyard.jobs.workload.train"] == install_modules("mpi")
     result = install(base_python, build_context(tmp_path), modules, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    where = subprocess.run([str(base_python), "-c", "import jobs; print(jobs.__file__)"], capture_output=True,
+    where = subprocess.run([str(base_python), "-c", "import gpuyard.jobs as j; print(j.__file__)"], capture_output=True,
                            text=True, cwd="/", env=BUILD_ENV, check=True).stdout
     assert where.startswith(str(tmp_path / "base"))  # the installed copy, not this checkout
     installed = {p.name.split("-")[0].lower() for p in (tmp_path / "base").rglob("*.dist-info")}
     assert installed == {"gpuyard"}
+    # one top-level name, which no user's script is likely to have: their jobs/ or sim.py shadows nothing of ours
+    [dist_info] = (tmp_path / "base").rglob("gpuyard-*.dist-info")
+    assert {p.name for p in dist_info.parent.iterdir() if p.suffix not in (".dist-info", ".pth")} == {"gpuyard"}
+    assert sorted(p.name for p in (dist_info.parent / "gpuyard").iterdir()) == ["infra", "jobs"]  # no sim/ in images
 
 
 def test_a_base_with_another_torch_fails_the_build(base_python, tmp_path):
@@ -81,7 +85,7 @@ def test_a_base_with_another_torch_fails_the_build(base_python, tmp_path):
     text = pyproject.read_text()
     pin = re.search(r'"torch==([^"]+)"', text)[1]
     pyproject.write_text(text.replace(f'"torch=={pin}"', '"torch==0.0.1"'))
-    result = install(base_python, context, ["jobs.workload.train"], tmp_path)
+    result = install(base_python, context, ["gpuyard.jobs.workload.train"], tmp_path)
     assert result.returncode != 0
     assert "pyproject.toml pins 0.0.1" in result.stderr
 
@@ -89,6 +93,6 @@ def test_a_base_with_another_torch_fails_the_build(base_python, tmp_path):
 def test_the_ray_image_checks_modules_that_import_here():
     """The Ray image's build imports the Ray Train entry and TorchTrainer (the base brings Ray)."""
     modules = install_modules("ray")
-    assert modules == ["jobs.workload.ray_entry", "ray.train.torch"]
+    assert modules == ["gpuyard.jobs.workload.ray_entry", "ray.train.torch"]
     for module in modules:
         importlib.import_module(module)

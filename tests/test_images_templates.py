@@ -15,13 +15,13 @@ import pytest
 
 from dockerfile_parse import IMAGES, Dockerfile
 from conftest import with_registry
-from infra.config import load_stack
-from infra.images import image_ref
-from jobs.render import render
-from jobs.render.mpi import SSH_DIR, SSH_PORT
-from infra.conventions import RUN_AS_USER
-from jobs.spec import KIND_IMAGE, KINDS, build_spec
-from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.images import image_ref
+from gpuyard.jobs.render import render
+from gpuyard.jobs.render.mpi import SSH_DIR, SSH_PORT
+from gpuyard.infra.conventions import RUN_AS_USER
+from gpuyard.jobs.spec import KIND_IMAGE, KINDS, build_spec
+from gpuyard.jobs.workload.args import RAY_MODULE, TRAIN_MODULE, parse_args
 
 CONFIG = with_registry(load_stack("dev"))
 CASES = [(team, kind) for team in CONFIG.teams for kind in KINDS]

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from infra.config import ConfigError, load_stack, parse_stack, stack_file
-from infra.plan import plan_values, stack_values
+from gpuyard.infra.config import ConfigError, load_stack, parse_stack, stack_file
+from gpuyard.infra.plan import plan_values, stack_values
 
 ACCESS = {"endpoint_public": True, "public_access_cidrs": ["198.51.100.0/24"]}
 BASE = {"gpuyard:cluster_name": "gpuyard-test"}
@@ -56,9 +56,14 @@ def test_stack_files_parse(stack):
         ({"gpuyard:teams": [{"name": "a", "queue": "default"}]}, "queue 'default' is Volcano's own"),
         ({"gpuyard:teams": [{"name": "root"}]}, "queue 'root' is Volcano's own"),
         ({"gpuyard:teams": [{"name": "vision"}, {"name": "nlp", "checkpoint_prefix": "teams/vision/nlp"}]},
-         "checkpoint_prefix 'teams/vision/nlp/' lies inside 'teams/vision/' of team 'vision'"),
+         "team 'nlp': checkpoint_prefix 'teams/vision/nlp/' lies inside checkpoint_prefix 'teams/vision/' of team 'vision'"),
         ({"gpuyard:teams": [{"name": "a", "checkpoint_prefix": "shared"}, {"name": "b", "checkpoint_prefix": "shared/b/"}]},
-         "lies inside 'shared/' of team 'a'"),
+         "lies inside checkpoint_prefix 'shared/' of team 'a'"),
+        # a team may not read another's checkpoints through its data prefix, nor write another's data
+        ({"gpuyard:teams": [{"name": "a"}, {"name": "b", "data_prefix": "teams"}]},
+         "team 'a': checkpoint_prefix 'teams/a/' lies inside data_prefix 'teams/' of team 'b'"),
+        ({"gpuyard:teams": [{"name": "a"}, {"name": "b", "data_prefix": "teams/a/data"}]},
+         "team 'b': data_prefix 'teams/a/data/' lies inside checkpoint_prefix 'teams/a/' of team 'a'"),
     ],
 )
 def test_bad_config_is_one_line(values, message):
@@ -74,7 +79,7 @@ def test_plan_cli_rejects_bad_stack_with_one_line(tmp_path):
         "      - {name: gpu, instance_types: [g5.xlarge], min_size: 4, max_size: 1}\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan", "--stack", "bad"],
+        [sys.executable, "-c", "from gpuyard.jobs.cli.main import main; main()", "plan", "--stack", "bad"],
         capture_output=True, text=True, env={"GPUYARD_STACKS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
     )
     assert result.returncode == 2

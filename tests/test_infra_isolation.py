@@ -12,12 +12,12 @@ import celpy
 import pytest
 
 from conftest import with_registry
-from infra.config import ConfigError, load_stack, parse_stack
-from infra.tenancy import POD_ADMISSION_POLICY, pod_admission_validations
-from infra.plan import plan_values, stack_values
-from infra.trainer_runtime import training_runtime_spec
+from gpuyard.infra.config import ConfigError, load_stack, parse_stack
+from gpuyard.infra.tenancy import POD_ADMISSION_POLICY, pod_admission_validations
+from gpuyard.infra.plan import plan_values, stack_values
+from gpuyard.infra.trainer_runtime import runtime_pools, training_runtime_spec
 from infra_plans import of_type, planned
-from jobs.render import default_specs, render
+from gpuyard.jobs.render import default_specs, render
 from pod_security import pod_specs, restricted_violations
 
 STACKS = ("dev", "prod", "ephemeral")
@@ -65,9 +65,10 @@ def test_each_team_training_runtime_meets_restricted_on_its_own(stack):
     """A TrainJob that patches nothing (written by hand, not by gpuyard render) is admitted in the team namespace."""
     config = load_stack(stack)
     for team in config.teams:
-        runtime = training_runtime_spec(team, "reg/ddp:1")
-        job = runtime["template"]["spec"]["replicatedJobs"][0]["template"]
-        assert restricted_violations(job["spec"]["template"]["spec"]) == [], team.name
+        for pool in runtime_pools(config):
+            runtime = training_runtime_spec(team, pool, "reg/ddp:1", config.checkpoint_bucket)
+            job = runtime["template"]["spec"]["replicatedJobs"][0]["template"]
+            assert restricted_violations(job["spec"]["template"]["spec"]) == [], (team.name, pool.name)
 
 @pytest.mark.parametrize(
     ("pod", "violation"),

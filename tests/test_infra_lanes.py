@@ -11,11 +11,11 @@ import pytest
 from celpy import celtypes
 
 from conftest import with_registry
-from infra.admission import LANES, lane_binding_spec, lane_policy_name
-from infra.admission import lane_policy_spec
-from infra.config import load_stack
+from gpuyard.infra.admission import LANES, lane_binding_spec, lane_policy_name
+from gpuyard.infra.admission import lane_policy_spec
+from gpuyard.infra.config import load_stack
 from infra_plans import of_type, planned
-from jobs.render import default_specs, render
+from gpuyard.jobs.render import default_specs, render
 from pod_security import pod_specs
 
 STACK = "dev"
@@ -63,10 +63,10 @@ def rendered(team: str, kind: str) -> dict:
     return render(spec, CONFIG.team(team))
 
 
-def training_runtime(team: str) -> dict:
-    (runtime,) = [r.inputs for r in planned(STACK) if r.inputs.get("kind") == "TrainingRuntime"
-                  and r.inputs["metadata"]["namespace"] == CONFIG.team(team).namespace]
-    return runtime
+def training_runtimes(team: str) -> dict[str, dict]:
+    """The team's TrainingRuntimes by name (one per pool)."""
+    return {r.inputs["metadata"]["name"]: r.inputs for r in planned(STACK) if r.inputs.get("kind") == "TrainingRuntime"
+            and r.inputs["metadata"]["namespace"] == CONFIG.team(team).namespace}
 
 
 def pods_of(manifest: dict) -> list[dict]:
@@ -89,7 +89,8 @@ JOBS = [pytest.param(team.name, kind, id=f"{team.name}-{kind}") for team in CONF
 def test_rendered_jobs_and_what_operators_make_of_them_are_admitted(team, kind):
     manifest = rendered(team, kind)
     assert refusals(manifest, team) == []
-    pod_source = training_runtime(team) if kind == "trainjob" else manifest
+    # a TrainJob's pods come from the runtime it names
+    pod_source = training_runtimes(team)[manifest["spec"]["runtimeRef"]["name"]] if kind == "trainjob" else manifest
     pods = pods_of(pod_source)
     assert pods and [refusals(pod, team) for pod in pods] == [[]] * len(pods)
     podgroup = {"kind": "PodGroup", "spec": {"queue": CONFIG.team(team).queue,
@@ -102,8 +103,10 @@ def test_rendered_jobs_and_what_operators_make_of_them_are_admitted(team, kind):
 
 
 @pytest.mark.parametrize("team", [team.name for team in CONFIG.teams])
-def test_the_stacks_own_training_runtime_and_headless_services_are_admitted(team):
-    assert refusals(training_runtime(team), team) == []
+def test_the_stacks_own_training_runtimes_and_headless_services_are_admitted(team):
+    runtimes = training_runtimes(team)
+    assert len(runtimes) > 1 and {name: refusals(runtime, team) for name, runtime in runtimes.items()} == {
+        name: [] for name in runtimes}
     headless = {"kind": "Service", "spec": {"type": "ClusterIP", "clusterIP": "None"}}
     assert refusals(headless, team) == []
 

@@ -9,11 +9,11 @@ from datetime import date
 
 import pytest
 
-from infra.config import ConfigError, load_stack, parse_stack
-from infra.eks_versions import Support, support
-from infra.karpenter import SPOT_ROLE_NAME
-from infra.plan import plan_values, stack_values
-from infra.policies import karpenter_controller_policy
+from gpuyard.infra.config import ConfigError, load_stack, parse_stack
+from gpuyard.infra.eks_versions import Support, support
+from gpuyard.infra.karpenter import SPOT_ROLE_NAME
+from gpuyard.infra.plan import plan_values, stack_values
+from gpuyard.infra.policies import karpenter_controller_policy
 from infra_plans import named, of_type, planned
 
 CLUSTER, REGION = "c1", "eu-west-1"

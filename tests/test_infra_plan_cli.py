@@ -7,11 +7,11 @@ import re
 import subprocess
 import sys
 
-from infra.plan import format_preview, plan_summary, policy_verdicts
-from infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
+from gpuyard.infra.plan import format_preview, plan_summary, policy_verdicts
+from gpuyard.infra.policy.rules import RESOURCE_CHECKS, STACK_CHECKS
 from infra_plans import stack_plan
 
-CLI = [sys.executable, "-c", "from jobs.cli.main import main; main()", "plan"]
+CLI = [sys.executable, "-c", "from gpuyard.jobs.cli.main import main; main()", "plan"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

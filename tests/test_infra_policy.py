@@ -15,7 +15,7 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from infra.policy.rules import (
+from gpuyard.infra.policy.rules import (
     POLICIES,
     check_bucket_settings,
     check_buckets_encrypted_and_private,

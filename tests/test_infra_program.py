@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.charts import KARPENTER, KUBEFLOW_TRAINER, KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
-from infra.config import load_stack
-from infra.conventions import GPU_RESOURCE, IMAGE_NAMES, METRICS_PORT_NAME, PRIORITY_CLASSES
-from infra.plan import plan_values, stack_values
+from gpuyard.infra.charts import KARPENTER, KUBEFLOW_TRAINER, KUBERAY_OPERATOR, MPI_OPERATOR_MANIFEST, VOLCANO
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import GPU_RESOURCE, IMAGE_NAMES, METRICS_PORT_NAME, PRIORITY_CLASSES
+from gpuyard.infra.plan import plan_values, stack_values
+from gpuyard.infra.trainer_runtime import runtime_pools
 from infra_plans import named, of_type, planned
 
 EKS = "aws:eks/cluster:Cluster"
@@ -186,9 +187,11 @@ def test_trainer_v2_follows_the_flag():
     assert KUBEFLOW_TRAINER.name in {r.inputs["chart"] for r in of_type(dev, RELEASE)}
     assert KUBEFLOW_TRAINER.name not in {r.inputs["chart"] for r in of_type(prod, RELEASE)}
     runtimes = of_type(dev, "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime")
+    pools = runtime_pools(load_stack("dev"))
     assert {(r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]) for r in runtimes} == {
-        (team.namespace, "torch-distributed") for team in load_stack("dev").teams
+        (team.namespace, pool.runtime) for team in load_stack("dev").teams for pool in pools
     }
+    assert {"torch-distributed", "torch-distributed-cpu"} <= {pool.runtime for pool in pools}
     assert all(r.inputs["spec"]["podGroupPolicy"] == {"volcano": {}} for r in runtimes)
     assert not of_type(prod, "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime")
 
@@ -254,7 +257,9 @@ def test_team_tenancy_and_irsa_scoped_to_one_service_account(stack):
         assert account["metadata"]["namespace"] == team.namespace
         assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(f"/team-{team.name}-irsa")
         quota = named(resources, f"team-{team.name}-quota").inputs["spec"]["hard"]
-        assert quota[f"requests.{GPU_RESOURCE}"] == str(team.gpu_quota)
+        assert quota["services.loadbalancers"] == "0" and f"requests.{GPU_RESOURCE}" not in quota
+        queue = named(resources, f"team-{team.name}-queue").inputs["spec"]
+        assert queue["capability"][GPU_RESOURCE] == str(team.gpu_quota)
         isolation = named(resources, f"team-{team.name}-default-deny").inputs["spec"]
         assert isolation == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
 

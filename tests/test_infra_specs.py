@@ -16,23 +16,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.addons import kuberay_values
-from infra.charts import TRAINING_OPERATOR_KUSTOMIZATION
-from infra.cluster import gpu_node_taints, kubeconfig, launch_template_spec
-from infra.config import KarpenterConfig, Team, load_stack
-from infra.dashboard import training_dashboard
-from infra.karpenter import ec2_node_class_spec, node_pool_spec, node_pools
-from infra.monitoring import training_pod_monitor_spec
-from infra.network import subnet_cidrs, subnet_tags
-from infra.policies import (
+from gpuyard.infra.addons import kuberay_values
+from gpuyard.infra.charts import TRAINING_OPERATOR_KUSTOMIZATION
+from gpuyard.infra.cluster import gpu_node_taints, kubeconfig, launch_template_spec
+from gpuyard.infra.config import KarpenterConfig, Team, load_stack
+from gpuyard.infra.dashboard import training_dashboard
+from gpuyard.infra.karpenter import ec2_node_class_spec, node_pool_spec, node_pools
+from gpuyard.infra.monitoring import training_pod_monitor_spec
+from gpuyard.infra.network import subnet_cidrs, subnet_tags
+from gpuyard.infra.policies import (
     bucket_tls_only_policy,
     irsa_assume_role_policy,
     karpenter_controller_policy,
     team_checkpoint_policy,
 )
-from infra.storage import checkpoint_lifecycle_rules
-from infra.tenancy import deserved_gpus, team_network_policies, team_queue_spec, team_quota
-from infra.trainer_runtime import training_runtime_spec
+from gpuyard.infra.storage import checkpoint_lifecycle_rules
+from gpuyard.infra.tenancy import deserved_gpus, team_network_policies, team_queue_spec, team_quota
+from gpuyard.infra.trainer_runtime import RuntimePool, training_runtime_spec
 from infra_plans import kubernetes_manifests, planned
 
 GOLDEN = Path(__file__).parent / "golden" / "infra"
@@ -73,16 +73,19 @@ def test_irsa_trust_names_exactly_one_service_account(namespace, account):
 
 @pytest.mark.parametrize("prefix", ["teams/a/", "x/"])
 def test_team_checkpoint_policy_is_limited_to_its_prefix(prefix):
-    objects, listing = team_checkpoint_policy("arn:aws:s3:::b", prefix)["Statement"]
+    objects, listing, data, data_listing = team_checkpoint_policy("arn:aws:s3:::b", prefix, "data/a/")["Statement"]
     assert objects["Resource"] == f"arn:aws:s3:::b/{prefix}*"
     assert "s3:*" not in objects["Action"]
     assert listing["Condition"]["StringLike"]["s3:prefix"] == [f"{prefix}*", prefix]
+    # the team's data: read, never written or deleted
+    assert (data["Action"], data["Resource"]) == ("s3:GetObject", "arn:aws:s3:::b/data/a/*")
+    assert data_listing["Condition"]["StringLike"]["s3:prefix"] == ["data/a/*", "data/a/"]
 
 
 def test_a_prefix_ending_at_slash_leaves_the_neighbours_keys_alone():
     """IAM StringLike and object ARNs compare characters (``*`` any run of them): teams/a without the slash also
     matched teams/a-2/... (issue 21)."""
-    objects, listing = team_checkpoint_policy("arn:aws:s3:::b", "teams/a/")["Statement"]
+    objects, listing, _, _ = team_checkpoint_policy("arn:aws:s3:::b", "teams/a/", "data/a/")["Statement"]
     for pattern in (objects["Resource"].removeprefix("arn:aws:s3:::b/"), *listing["Condition"]["StringLike"]["s3:prefix"]):
         assert not fnmatch.fnmatchcase("teams/a-2/ckpt-1.pt", pattern)
         assert not fnmatch.fnmatchcase("teams/a-2/", pattern)
@@ -159,10 +162,11 @@ def test_node_class_selects_discovery_subnets_and_cluster_security_group():
 
 
 @pytest.mark.parametrize("team", [Team(name="a"), Team(name="b", gpu_quota=0, cpu_quota=2, memory_quota_gib=4, queue_weight=7)])
-def test_team_quota_and_queue_agree(team):
-    quota, queue = team_quota(team), team_queue_spec(team, deserved_gpus=5)
-    assert quota["requests.nvidia.com/gpu"] == queue["capability"]["nvidia.com/gpu"] == str(team.gpu_quota)
-    assert quota["requests.memory"] == queue["capability"]["memory"] == f"{team.memory_quota_gib}Gi"
+def test_the_queue_alone_limits_a_teams_compute(team):
+    queue = team_queue_spec(team, deserved_gpus=5)
+    assert queue["capability"] == {"nvidia.com/gpu": str(team.gpu_quota), "cpu": str(team.cpu_quota),
+                                   "memory": f"{team.memory_quota_gib}Gi"}
+    assert not [key for key in team_quota() if key.startswith(("requests.", "limits.", "nvidia.com/", "cpu", "memory"))]
     assert queue["weight"] == team.queue_weight
     assert queue["deserved"]["nvidia.com/gpu"] == str(min(5, team.gpu_quota))
     assert {k: v for k, v in queue["deserved"].items() if k != "nvidia.com/gpu"} == {
@@ -198,7 +202,7 @@ def test_network_policies_admit_only_own_namespace_prometheus_and_kuberay():
 def test_addon_specs():
     assert kuberay_values()["batchScheduler"] == {"name": "volcano"}
     team = Team(name="a", priority_class="gpuyard-high")
-    runtime = training_runtime_spec(team, "reg/ddp:1")
+    runtime = training_runtime_spec(team, RuntimePool("gpu-on-demand", "on-demand", gpus=True), "reg/ddp:1", "bucket")
     pod = runtime["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "reg/ddp:1" and container["ports"][0]["name"] == "metrics"

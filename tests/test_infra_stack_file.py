@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.config import ConfigError, load_stack, stacks_dir
-from infra.stack_file import PROVIDER_KEYS, STACK_NAME, StackFileError, StackFileLoader, check_stack_name
-from jobs.render import default_specs, render_specs
-from jobs.spec import SpecError
+from gpuyard.infra.config import ConfigError, load_stack, stacks_dir
+from gpuyard.infra.stack_file import PROVIDER_KEYS, STACK_NAME, StackFileError, StackFileLoader, check_stack_name
+from gpuyard.jobs.render import default_specs, render_specs
+from gpuyard.jobs.spec import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError, load_stack, parse_stack
+from gpuyard.infra.config import ConfigError, load_stack, parse_stack
 from infra_plans import named, of_type, planned
 
 STACKS = ("dev", "prod", "ephemeral")

@@ -1,8 +1,10 @@
 """The house's floors: every import points down or sideways, and no project files import each other in a circle.
 
-From the bottom: ``infra`` (typed stack config, the conventions both sides share, the Pulumi program), the
-trainer ``jobs.workload`` (it runs inside the images), the job specs, renderers and tools of ``jobs``, the
-simulated cluster ``sim``, and on top the ``gpuyard`` command in ``jobs.cli``.
+From the bottom: ``gpuyard.infra`` (typed stack config, the conventions both sides share, the Pulumi program), the
+trainer ``gpuyard.jobs.workload`` (it runs inside the images), the job specs, renderers and tools of ``gpuyard.jobs``,
+the simulated cluster ``gpuyard.sim``, and on top the ``gpuyard`` command in ``gpuyard.jobs.cli``. The folders
+``infra/``, ``jobs/`` and ``sim/`` install as those packages (setup.py; tests/test_images_install.py), so that no name a user's script may have
+(``jobs``, ``sim``) shadows or is shadowed by gpuyard's.
 """
 
 import ast
@@ -13,12 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("infra", "jobs", "sim")
 # Longest matching prefix wins; a module may import its own floor or the floors below it.
-FLOORS = {"infra": 0, "jobs.workload": 1, "jobs": 2, "sim": 3, "jobs.cli": 4}
+FLOORS = {"gpuyard.infra": 0, "gpuyard.jobs.workload": 1, "gpuyard.jobs": 2, "gpuyard.sim": 3, "gpuyard.jobs.cli": 4}
 
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return ".".join(["gpuyard", *(parts[:-1] if parts[-1] == "__init__" else parts)])
 
 
 def project_modules() -> dict[str, Path]:
@@ -59,9 +61,9 @@ GRAPH = {module: imported(module, path, set(MODULES)) for module, path in MODULE
 
 
 def test_the_graph_is_the_real_one():
-    assert {"infra.config", "jobs.render", "jobs.cli.main", "jobs.workload.train"} <= set(MODULES)
-    assert "jobs.spec" in GRAPH["jobs.render.pytorchjob"]
-    assert {"jobs.cli.render", "jobs.cli.env"} <= GRAPH["jobs.cli.main"]
+    assert {"gpuyard.infra.config", "gpuyard.jobs.render", "gpuyard.jobs.cli.main", "gpuyard.jobs.workload.train"} <= set(MODULES)
+    assert "gpuyard.jobs.spec" in GRAPH["gpuyard.jobs.render.pytorchjob"]
+    assert {"gpuyard.jobs.cli.render", "gpuyard.jobs.cli.env"} <= GRAPH["gpuyard.jobs.cli.main"]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -3,8 +3,8 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.local_aws import LocalAWS
-from jobs.processes import alive
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.processes import alive
 
 
 def test_moto_server_serves_s3_and_keeps_its_port_across_restart(tmp_path):
@@ -24,7 +24,7 @@ def test_moto_server_serves_s3_and_keeps_its_port_across_restart(tmp_path):
 
 def test_moto_server_ends_with_a_parent_killed_without_cleanup(tmp_path):
     """SIGKILL leaves no finally block to run (a pytest-xdist worker torn down, an OOM kill): the server goes anyway."""
-    parent = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom jobs.local_aws import LocalAWS\n"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom gpuyard.jobs.local_aws import LocalAWS\n"
                                "aws = LocalAWS().start()\nprint(aws._process.pid, flush=True)\ntime.sleep(300)"],
                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     try:

@@ -8,12 +8,12 @@ import json
 import pytest
 
 from cli_helpers import assert_one_line_error, gpuyard
-from infra.config import load_stack
-from infra.karpenter import ec2_node_class_spec
-from infra.prices import on_demand_price
-from jobs.preflight import describe, landing
-from jobs.spec import SpecError, build_spec
-from sim.queues import describe_queue, queue_summary
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.karpenter import ec2_node_class_spec
+from gpuyard.infra.prices import on_demand_price
+from gpuyard.jobs.preflight import describe, landing
+from gpuyard.jobs.spec import SpecError, build_spec
+from gpuyard.sim.queues import describe_queue, queue_summary
 
 PROD, DEV = load_stack("prod"), load_stack("dev")
 P4D = on_demand_price("p4d.24xlarge")

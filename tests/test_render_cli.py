@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.cli.options import gpuyard_version
-from jobs.workload.args import parse_args
+from gpuyard.jobs.cli.options import gpuyard_version
+from gpuyard.jobs.workload.args import parse_args
 
 GPUYARD = Path(sys.executable).with_name("gpuyard")  # the installed entry point, as users run it
 GOLDEN = Path(__file__).parent / "golden"
@@ -133,8 +133,8 @@ def test_all_writes_the_golden_files(tmp_path):
     (["--team", "vision", "--kind", "pytorchjob", "--nodes", "2:8", "--gpus-per-node", "8", "--efa", "4"],
      "--efa 4: stack 'dev' has no EFA NodePool"),
     (["--team", "vision", "--kind", "pytorchjob", "--nodes", "2:8", "--gpus-per-node", "8"],
-     "pool gpu-on-demand holds at most 8 GPUs (gpuyard:karpenter.gpu_limit); team vision's ResourceQuota and queue "
-     "vision allow 16 GPUs (gang: 64)"),
+     "pool gpu-on-demand holds at most 8 GPUs (gpuyard:karpenter.gpu_limit); team vision's queue vision "
+     "allows 16 GPUs (gang: 64)"),
     (["--stack", "prod", "--team", "nlp", "--kind", "pytorchjob", "--capacity-type", "spot"],
      "--capacity-type spot: stack 'prod' has no spot GPU NodePool"),
     (["--team", "nlp", "--kind", "pytorchjob", "--node-pool", "nonexistent"],

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import ConfigError, Team, parse_stack
-from infra.conventions import (
+from gpuyard.infra.config import ConfigError, Team, parse_stack
+from gpuyard.infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     GPU_TAINT_KEY,
     LABEL_CAPACITY_TYPE,
@@ -20,12 +20,12 @@ from infra.conventions import (
     NODEPOOL_GPU_ON_DEMAND,
     NODEPOOL_GPU_SPOT,
 )
-from infra.images import image_ref
-from jobs.render import render, write_manifests
-from jobs.local_aws import free_port
-from jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS, wait_for_sshd
-from jobs.spec import KINDS, MAX_RESTARTS, SpecError, parse_env, parse_nodes, trainer_args
-from jobs.workload.args import LAUNCH_MODULE, RAY_MODULE, TORCHRUN_MODULE, TRAIN_MODULE, parse_args
+from gpuyard.infra.images import image_ref
+from gpuyard.jobs.render import render, write_manifests
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS, wait_for_sshd
+from gpuyard.jobs.spec import KINDS, MAX_RESTARTS, SpecError, parse_env, parse_nodes, trainer_args
+from gpuyard.jobs.workload.args import LAUNCH_MODULE, RAY_MODULE, TORCHRUN_MODULE, TRAIN_MODULE, parse_args
 from render_helpers import (
     STACK,
     make_spec,
@@ -416,12 +416,46 @@ def test_write_manifests_writes_nothing_when_one_fails(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_trainjob_names_the_runtime_the_stack_creates():
-    from infra.conventions import TRAINING_RUNTIME
-    from infra.trainer_runtime import training_runtime_spec  # the Pulumi side, imported only here
-    from jobs.render.trainjob import NODE_JOB, RUNTIME
+# How a job lands on each kind of pool the runtimes cover: the CLI's flags as build_spec fields.
+POOL_FIELDS = {"gpu-on-demand": {}, "gpu-spot": {"capacity_type": "spot"}, "gpu-efa": {"efa_devices": 1},
+               "cpu": {"gpus_per_node": 0}}
 
-    assert RUNTIME == TRAINING_RUNTIME
-    replicated = training_runtime_spec(Team(name="t"), "img")["template"]["spec"]["replicatedJobs"][0]
-    assert replicated["name"] == NODE_JOB
-    assert replicated["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == NODE_JOB
+
+def test_each_pools_runtime_gives_a_hand_written_trainjob_what_gpuyard_render_gives_its_pods():
+    """The Kubeflow SDK's path: a TrainJob that patches nothing gets, from the runtime of its pool, the placement,
+    grace, do-not-disrupt, /dev/shm and trainer env (contract, NCCL, EFA, shutdown) ``gpuyard render`` gives."""
+    from gpuyard.infra.config import load_stack
+    from gpuyard.infra.trainer_runtime import NODE, runtime_pools, training_runtime_spec  # the Pulumi side
+    from gpuyard.jobs.placement import place
+    from gpuyard.jobs.render.trainjob import NODE_JOB
+    from gpuyard.jobs.spec import build_spec
+
+    efa = parse_stack("efa", {"gpuyard:cluster_name": "yard", "gpuyard:teams": [{"name": "vision"}],
+                              "gpuyard:addons": {"trainer_v2": True}, "gpuyard:karpenter": {"gpu_families": ["p4d"]}})
+    dev = load_stack("dev")
+    covered = {pool.name for config in (dev, efa) for pool in runtime_pools(config)}
+    assert covered == {*POOL_FIELDS, *(g.name for g in dev.cluster.gpu_node_groups)}
+    for config, pool in [(config, pool) for config in (dev, efa) for pool in runtime_pools(config)]:
+        team = config.teams[0]
+        fields = POOL_FIELDS.get(pool.name, {"node_pool": pool.name, "gpus_per_node": 1})
+        fields = {**fields, "gpus_per_node": 8, "nodes": 1} if pool.name == "gpu-efa" else fields
+        spec = place(config, build_spec(config, team, "trainjob", name="mine", image="img", **fields))
+        manifest = render(spec, team)
+        assert manifest["spec"]["runtimeRef"]["name"] == pool.runtime, pool
+        [(_, patched)] = trainer_templates(manifest)
+        runtime = training_runtime_spec(team, pool, "img", config.checkpoint_bucket)
+        replicated = runtime["template"]["spec"]["replicatedJobs"][0]
+        template = replicated["template"]["spec"]["template"]
+        pod, (container,) = template["spec"], template["spec"]["containers"]
+        assert replicated["name"] == container["name"] == NODE == NODE_JOB
+        family = {"karpenter.k8s.aws/instance-family": spec.instance_family} if spec.instance_family else {}
+        assert {**pod["nodeSelector"], **family} == patched["spec"]["nodeSelector"], pool
+        assert pod["terminationGracePeriodSeconds"] == patched["spec"]["terminationGracePeriodSeconds"], pool
+        assert template["metadata"]["annotations"] == patched["metadata"]["annotations"], pool
+        assert container["volumeMounts"] == patched["spec"]["containers"][0]["volumeMounts"]
+        assert [v["name"] for v in pod["volumes"]] == [v["name"] for v in patched["spec"]["volumes"]]
+        # what the pod's env resolves to for a job named "mine" (its JobSet's label; $(VAR) expanded)
+        env = {e["name"]: e.get("value", spec.name).replace("$(GPUYARD_JOB_NAME)", spec.name) for e in container["env"]}
+        rendered_env = env_of(manifest["spec"]["trainer"])
+        assert env == {name: value for name, value in rendered_env.items() if name in env}, pool
+        assert set(rendered_env) - set(env) <= {"OMPI_MCA_odls_base_sigkill_timeout"}, pool

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import with_registry
-from infra.config import load_stack
-from jobs.render import default_specs, render, render_all, to_yaml
-from jobs.spec import KINDS
+from gpuyard.infra.config import load_stack
+from gpuyard.jobs.render import default_specs, render, render_all, to_yaml
+from gpuyard.jobs.spec import KINDS
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUYARD_UPDATE_GOLDEN") == "1"

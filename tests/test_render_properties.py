@@ -8,9 +8,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.conventions import ANNOTATION_DO_NOT_DISRUPT, GPU_RESOURCE, GPU_TAINT_KEY
-from jobs.render import render, to_yaml
-from jobs.spec import ELASTIC_KINDS, KINDS, SpecError
+from gpuyard.infra.conventions import ANNOTATION_DO_NOT_DISRUPT, GPU_RESOURCE, GPU_TAINT_KEY
+from gpuyard.jobs.render import render, to_yaml
+from gpuyard.jobs.spec import ELASTIC_KINDS, KINDS, SpecError
 from render_helpers import STACK, make_spec, pod_templates, trainer_resources, trainer_templates
 
 NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,61}[a-z0-9]", fullmatch=True)

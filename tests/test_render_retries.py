@@ -10,18 +10,18 @@ import shlex
 import pytest
 import yaml
 
-from infra.config import Team
-from infra.conventions import EXIT_RETRYABLE, FINAL_EXIT_CODES, GRACE_PERIOD_SECONDS
-from infra.trainer_runtime import NODE, training_runtime_spec
-from jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS
-from jobs.workload.args import LAUNCH_MODULE, RAY_STOP_MODULE, TORCHRUN_MODULE
-from jobs.workload.interrupt import GraceBudget
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import EXIT_RETRYABLE, FINAL_EXIT_CODES, GRACE_PERIOD_SECONDS
+from gpuyard.infra.trainer_runtime import NODE, RuntimePool, training_runtime_spec
+from gpuyard.jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS
+from gpuyard.jobs.workload.args import LAUNCH_MODULE, RAY_STOP_MODULE, TORCHRUN_MODULE
+from gpuyard.jobs.workload.interrupt import GraceBudget
 from render_helpers import pod_templates, rendered
 
 
 def test_pytorchjob_replicas_retry_by_exit_code_and_torchrun_never_restarts():
     """Training Operator v1.9: ExitCode recreates a pod that exited 128-255 and fails the job for 1-127; the
-    status read is the ``pytorch`` container's, which is torchrun's, which jobs.workload.torchrun makes the
+    status read is the ``pytorch`` container's, which is torchrun's, which gpuyard.jobs.workload.torchrun makes the
     workers' (torchrun alone exits 1 whatever happened)."""
     manifest = rendered("pytorchjob", nodes=3, max_restarts=5)
     for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
@@ -39,7 +39,7 @@ def test_elastic_pytorchjob_gives_torchrun_no_restarts_either():
 
 def test_mpijob_launcher_job_never_reruns_and_its_supervisor_retries_only_retryable_statuses():
     """MPI Operator v0.8.0's launcher Job counts every failed pod toward backoffLimit whatever its status: 0 here,
-    and jobs.workload.launch reruns mpirun (up to max_restarts) only after a status of 128 or more."""
+    and gpuyard.jobs.workload.launch reruns mpirun (up to max_restarts) only after a status of 128 or more."""
     manifest = rendered("mpijob", nodes=2, max_restarts=4)
     spec = manifest["spec"]
     assert spec["runPolicy"]["backoffLimit"] == 0
@@ -95,7 +95,7 @@ def test_trainjob_runs_torchrun_with_its_workers_status():
 def test_training_runtime_fails_the_jobset_on_final_exit_codes_and_restarts_it_otherwise():
     """The node Job: no restart in place, backoffLimit 0, FailJob on exit 1 or 2 of the trainer container (reason
     PodFailurePolicy); JobSet v0.12.0: FailJobSet for that reason, any other failure restarts the JobSet."""
-    jobset = training_runtime_spec(Team(name="t"), "img")["template"]["spec"]
+    jobset = training_runtime_spec(Team(name="t"), RuntimePool("gpu-on-demand", "on-demand", gpus=True), "img", "bucket")["template"]["spec"]
     node = jobset["replicatedJobs"][0]["template"]["spec"]
     assert node["backoffLimit"] == 0 and node["template"]["spec"]["restartPolicy"] == "Never"
     assert node["podFailurePolicy"] == {"rules": [{

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.conventions import EXIT_NONFINITE, EXIT_RETRYABLE, METRICS_PORT
-from jobs.local_aws import free_port
-from jobs.render import render
-from jobs.workload.checkpoint import data_name
+from gpuyard.infra.conventions import EXIT_NONFINITE, EXIT_RETRYABLE, METRICS_PORT
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.render import render
+from gpuyard.jobs.workload.checkpoint import data_name
 from render_helpers import STACK, make_spec
 
 pytestmark = pytest.mark.slow

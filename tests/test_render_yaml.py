@@ -5,7 +5,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.render import to_yaml
+from gpuyard.jobs.render import to_yaml
 
 TRICKY = ["", " ", "true", "no", "on", "null", "~", "1", "0.5", "1e3", "0x1f", "1:30", "2:8", ".inf", "=", "<<",
           "-", "- x", "--nnodes=2", "a: b", "a:", "a #b", "a#b", "#c", "'q'", '"d"', "x'y", "---", "...", "@x",

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from cli_helpers import assert_one_line_error, gpuyard
-from infra.config import load_stack
-from sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
-from sim.nodes import SHAPES
-from sim.replay import explain_failed, prepare
-from sim.replay_report import ReplayJob, percentile, summarize
-from sim.watch import Holding, NodeLife, Seen, on_job
-from sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
+from gpuyard.infra.config import load_stack
+from gpuyard.sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
+from gpuyard.sim.nodes import SHAPES
+from gpuyard.sim.replay import explain_failed, prepare
+from gpuyard.sim.replay_report import ReplayJob, percentile, summarize
+from gpuyard.sim.watch import Holding, NodeLife, Seen, on_job
+from gpuyard.sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
 
 DEV = load_stack("dev")
 
@@ -192,7 +192,7 @@ def test_kwok_completes_a_pod_after_the_duration_it_is_annotated_with(tmp_path):
 
     import yaml
 
-    from sim.kwok import TRAINING_RUNS_MILLISECONDS, write_config
+    from gpuyard.sim.kwok import TRAINING_RUNS_MILLISECONDS, write_config
 
     if shutil.which("go") is None:
         pytest.skip("kwok's stages are read from its Go module: no `go` on PATH")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import load_stack
-from infra.dashboard import SHOWBACK_PANELS, training_dashboard, showback_dashboard
-from infra.prices import on_demand_price
-from infra.showback import prometheus_rule_spec, stack_instance_types
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.dashboard import SHOWBACK_PANELS, training_dashboard, showback_dashboard
+from gpuyard.infra.prices import on_demand_price
+from gpuyard.infra.showback import prometheus_rule_spec, stack_instance_types
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="promtool is built from its Go module: no `go` on PATH")
 P4D, P5, G6E = on_demand_price("p4d.24xlarge"), on_demand_price("p5.48xlarge"), 0.9  # g6e spot: Karpenter's estimate
@@ -23,8 +23,8 @@ HOURS = 3  # of synthetic series, one sample a minute
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    from sim.build import build_component
-    from sim.versions import PROMETHEUS
+    from gpuyard.sim.build import build_component
+    from gpuyard.sim.versions import PROMETHEUS
 
     return build_component(PROMETHEUS, print) / "promtool"
 

@@ -11,18 +11,18 @@ import pytest
 import yaml
 
 from conftest import with_registry
-from infra.config import load_stack
-from infra.conventions import GPU_RESOURCE
-from infra.plan import plan
-from infra.prices import on_demand_price
-from jobs.render import render_specs, write_manifests
-from jobs.spec import build_spec, stack_kinds
-from sim import monitoring, nodes, stack
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import GPU_RESOURCE
+from gpuyard.infra.plan import plan
+from gpuyard.infra.prices import on_demand_price
+from gpuyard.jobs.render import render_specs, write_manifests
+from gpuyard.jobs.spec import build_spec, stack_kinds
+from gpuyard.sim import monitoring, nodes, stack
 from render_helpers import pod_templates
 from sim_running import running_sim
-from sim.images import build_images
-from sim.kwok import runs_for
-from sim.submit import KWOK_COMPLETED, SubmitFailed, submit
+from gpuyard.sim.images import build_images
+from gpuyard.sim.kwok import runs_for
+from gpuyard.sim.submit import KWOK_COMPLETED, SubmitFailed, submit
 
 pytestmark = [
     pytest.mark.sim,
@@ -71,7 +71,7 @@ def test_the_registry_answers_at_the_prefix_status_names(sim):
 
 
 def test_the_images_are_pushed_to_the_registry_under_the_stacks_prefix(sim):
-    """What `gpuyard sim images` does: the three images (built once by `python -m sim.images`, found by the digest
+    """What `gpuyard sim images` does: the three images (built once by `python -m gpuyard.sim.images`, found by the digest
     of their inputs) under the prefix `gpuyard render --registry` takes."""
     registry = sim.registry()
     refs = build_images(registry, STACK)
@@ -131,6 +131,46 @@ def test_job_runs_as_a_gang_then_its_operator_completes_it_once_kwok_ends_its_po
     [job] = submit(sim, [path], 180, said.append, until=(KWOK_COMPLETED,), apply=False)
     assert job.outcome == KWOK_COMPLETED, said
     assert any("no container ran" in line for line in said), said
+
+
+def test_an_sdk_trainjob_is_refused_in_a_team_namespace_and_one_naming_the_teams_runtime_gets_gpuyards_pods(
+        sim, tmp_path):
+    """``TrainerClient().train(runtime=...)`` sends a TrainJob whose runtimeRef has a name and no kind (kubeflow/sdk
+    main at 020e475, kubeflow/trainer/backends/kubernetes/backend.py ``_get_trainjob_spec``, even where it found a
+    namespaced runtime), and Trainer v2.3.0 defaults the kind to ClusterTrainingRuntime
+    (pkg/apis/trainer/v1alpha1/trainjob_types.go RuntimeRef.Kind): a cluster runtime, which carries no team queue or
+    priority, so the lanes refuse it in a team namespace, as on EKS. The same job naming the team's TrainingRuntime
+    (``kind: TrainingRuntime``, as ``gpuyard render --kind trainjob`` writes it) is built by Trainer from that runtime
+    alone: gang, queue, placement, grace, do-not-disrupt, /dev/shm and the contract come from there. The env's values
+    resolve in a kubelet (the JobSet label, ``$(VAR)``); kwok runs no container, so the pod spec and the label the
+    value comes from are checked, not a process's environment."""
+    team = CONFIG.team("vision")
+    sdk_job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+               "metadata": {"name": "vision-sdk", "namespace": team.namespace},
+               "spec": {"runtimeRef": {"name": "torch-distributed"},
+                        "trainer": {"numNodes": 1, "command": ["torchrun", "train.py"],
+                                    "resourcesPerNode": {"limits": {GPU_RESOURCE: "1"}}}}}
+    path = tmp_path / "sdk.yaml"
+    path.write_text(yaml.safe_dump(sdk_job))
+    with pytest.raises(SubmitFailed, match="team-runtime: spec.runtimeRef must name this namespace's TrainingRuntime"):
+        submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
+    sdk_job["spec"]["runtimeRef"]["kind"] = "TrainingRuntime"
+    path.write_text(yaml.safe_dump(sdk_job))
+    [job] = submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
+    assert {queue for queue, _ in job.podgroups.values()} == {team.queue}
+    [pod] = [pod for pod in sim.kubectl().items("pods", namespace=team.namespace)
+             if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == "vision-sdk"]
+    spec = pod["spec"]
+    assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert spec["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-on-demand", "karpenter.sh/capacity-type": "on-demand"}
+    assert spec["terminationGracePeriodSeconds"] == 300 and spec.get("nodeName")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in spec["containers"][0]["env"]}
+    assert env["GPUYARD_JOB_NAME"] == {"fieldRef": {"apiVersion": "v1",
+                                                    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}}
+    assert env["GPUYARD_CHECKPOINT_URI"] == f"s3://{CONFIG.checkpoint_bucket}/{team.checkpoint_prefix}$(GPUYARD_JOB_NAME)"
+    assert (env["GPUYARD_TEAM"], env["NCCL_DEBUG"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("vision", "WARN", "300")
+    sim.kubectl().run("delete", "-f", str(path), "--wait=false")
 
 
 def test_a_rayjobs_submitter_pod_is_admitted_and_scheduled_as_a_team_pod(sim, tmp_path):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import assert_one_line_error, gpuyard_forked, tree
-from jobs.processes import alive
-from sim.addons import OUTSIDE
-from sim.cluster import NotOurs, Sim
-from sim.paths import OWNER_FILE, claim, state_dir, state_root
+from gpuyard.jobs.processes import alive
+from gpuyard.sim.addons import OUTSIDE
+from gpuyard.sim.cluster import NotOurs, Sim
+from gpuyard.sim.paths import OWNER_FILE, claim, state_dir, state_root
 
 # Names a user might pass as --stack that must never reach the file system.
 BAD_NAMES = ["", " ", ".", "..", "../..", "../../..", "/", "/tmp", "./dev", "dev/", "dev/../..", "dev/..", "~", "*",

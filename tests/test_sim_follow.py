@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from infra.config import load_stack
-from infra.conventions import GPU_RESOURCE
-from jobs.spec import stack_kinds
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import GPU_RESOURCE
+from gpuyard.jobs.spec import stack_kinds
 from sim_running import running_sim
-from sim.submit import JOB_RESOURCES
+from gpuyard.sim.submit import JOB_RESOURCES
 
 pytestmark = [
     pytest.mark.sim,
@@ -42,7 +42,7 @@ def gpuyard(sim, stacks_with_registry, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig), "HOME": str(tmp_path)}
 
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "jobs.cli.main", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "gpuyard.jobs.cli.main", *args], capture_output=True, text=True,
                               timeout=timeout, env=env)
     return run
 

@@ -18,19 +18,19 @@ from typing import Callable
 import pytest
 import yaml
 
-from infra.cluster import LABEL_GPU_NODE
+from gpuyard.infra.cluster import LABEL_GPU_NODE
 from conftest import with_registry
-from infra.config import load_stack
-from infra.conventions import GPU_RESOURCE, GRACE_PERIOD_SECONDS, LABEL_NODEPOOL, LABEL_PART_OF, NODEPOOL_GPU_ON_DEMAND
-from infra.plan import plan
-from jobs.ephemeral.stacks import drain_node_pools
-from jobs.render import render_specs, write_manifests
-from jobs.spec import build_spec, stack_kinds
-from sim import karpenter
-from sim.cluster import Sim
-from sim.kube import Kubectl
-from sim.report import cluster_report
-from sim.submit import KWOK_COMPLETED, SubmitFailed, job_phase, submit
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.conventions import GPU_RESOURCE, GRACE_PERIOD_SECONDS, LABEL_NODEPOOL, LABEL_PART_OF, NODEPOOL_GPU_ON_DEMAND
+from gpuyard.infra.plan import plan
+from gpuyard.jobs.ephemeral.stacks import drain_node_pools
+from gpuyard.jobs.render import render_specs, write_manifests
+from gpuyard.jobs.spec import build_spec, stack_kinds
+from gpuyard.sim import karpenter
+from gpuyard.sim.cluster import Sim
+from gpuyard.sim.kube import Kubectl
+from gpuyard.sim.report import cluster_report
+from gpuyard.sim.submit import KWOK_COMPLETED, SubmitFailed, job_phase, submit
 
 pytestmark = [
     pytest.mark.sim,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import with_registry
-from infra.config import load_stack
-from infra.plan import plan
-from jobs.render import render_specs
-from jobs.spec import build_spec, stack_kinds
-from sim import karpenter, nodes, preflight
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.plan import plan
+from gpuyard.jobs.render import render_specs
+from gpuyard.jobs.spec import build_spec, stack_kinds
+from gpuyard.sim import karpenter, nodes, preflight
 
 STACK = "dev"
 CONFIG = with_registry(load_stack(STACK))

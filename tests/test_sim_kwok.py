@@ -7,7 +7,7 @@ import itertools
 
 import yaml
 
-from sim.kwok import write_config
+from gpuyard.sim.kwok import write_config
 
 
 def _excluded(one: dict, other: dict) -> bool:

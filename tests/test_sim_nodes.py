@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError
-from infra.plan import plan
-from sim import nodes
-from sim.versions import components, kubernetes_tag
+from gpuyard.infra.config import ConfigError
+from gpuyard.infra.plan import plan
+from gpuyard.sim import nodes
+from gpuyard.sim.versions import components, kubernetes_tag
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_every_stack_pool_has_a_simulated_shape(stack):
 
 
 def test_simulated_prices_are_karpenters_on_demand_prices():
-    from infra.prices import ON_DEMAND_USD_PER_HOUR
+    from gpuyard.infra.prices import ON_DEMAND_USD_PER_HOUR
 
     assert {name: shape.price for name, shape in nodes.SHAPES.items()} == {
         name: ON_DEMAND_USD_PER_HOUR[name] for name in nodes.SHAPES}

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from sim.processes import STOP_GRACE_SECONDS, alive
+from gpuyard.sim.processes import STOP_GRACE_SECONDS, alive
 
 STOPPER = """
 import sys, time
 from pathlib import Path
-from sim.processes import Supervisor
+from gpuyard.sim.processes import Supervisor
 supervisor = Supervisor(Path(sys.argv[1]))
 supervisor.start("stubborn", [sys.executable, "-c", sys.argv[2]])
 while "up" not in (supervisor.logs / "stubborn.log").read_text():

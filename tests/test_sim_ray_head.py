@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
-from sim.kwok import TRAINING_RUNS_MILLISECONDS
-from sim.processes import free_port
-from sim.webhooks import wait_listening
+from gpuyard.sim.kwok import TRAINING_RUNS_MILLISECONDS
+from gpuyard.sim.processes import free_port
+from gpuyard.sim.webhooks import wait_listening
 
 HEAD = "http://vision-rayjob-abcde-head-svc.team-vision.svc.cluster.local:8265"
 
@@ -21,7 +21,7 @@ HEAD = "http://vision-rayjob-abcde-head-svc.team-vision.svc.cluster.local:8265"
 @pytest.fixture(scope="module")
 def opener():
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "sim.ray_head", f"--port={port}"], stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, "-m", "gpuyard.sim.ray_head", f"--port={port}"], stderr=subprocess.DEVNULL)
     try:
         wait_listening(port, 30, lambda: None)
         yield urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))

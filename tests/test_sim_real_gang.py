@@ -1,12 +1,18 @@
 """`gpuyard sim up --real-nodes 1` with cluster DNS: pods on the real nodes resolve Services (headless ones too) by
-name through the sim's CoreDNS, and a 2-rank PyTorchJob rendered by `gpuyard render` trains end to end on the real
-CPU node: Volcano gang-schedules it, the Training Operator starts both pods, the worker finds the master through DNS,
-both ranks train over gloo, the checkpoint lands in the team's prefix and the job Succeeded.
+name through the sim's CoreDNS, and 2-rank jobs rendered by `gpuyard render` run on the real CPU node: Volcano
+gang-schedules them, the operators start their pods, the ranks find each other through DNS, train over gloo and
+checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded; the same job with its worker's pod
+deleted mid-run stops on the kubelet's SIGTERM, is recreated by the Training Operator and ends bitwise identical to
+the first; one that diverges exits 1 and is never retried; an MPIJob with a worker's pod deleted mid-run is rerun by
+its launcher and ends bitwise identical to the PyTorchJob.
 
-The ranks are CPU-only (`--gpus-per-node 0`): both run on the one real node of the CPU NodePool, since the ddp image
-unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` because that node has the
-machine's 2 cores, not an m7i.2xlarge's 8. The stack's S3 bucket is a moto_server on the sim's bridge that this test
-starts (the sim has no S3 endpoint of its own yet), reached through the `--env` variables boto3 reads.
+The ranks are CPU-only (`--gpus-per-node 0`): all run on the one real node of the CPU NodePool, since the ddp image
+unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` (an MPIJob's workers
+0.45, beside its launcher's 1) because that node has the machine's 2 cores, not an m7i.2xlarge's 8. The trainer is
+the template's reference trainer with its arguments given after `--`, with the `mlp` model and a larger dataset, so
+that a run trains long enough to be interrupted (the template's `linear` model on 2048 samples trains in a second).
+The stack's S3 bucket is a moto_server on the sim's bridge that these tests start (the sim has no S3 endpoint of its
+own yet), reached through the `--env` variables boto3 reads.
 Needs what tests/test_sim_real_node.py needs (Go, the images in the registry's storage, the pause package cached).
 """
 
@@ -18,14 +24,25 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
-import boto3
 import pytest
+import torch
 
-from infra.config import load_stack
-from jobs.local_aws import CREDENTIALS, LocalAWS
-from sim import coredns, pause, realnode
-from sim.images import build_images
+from gpuyard.infra.config import StackConfig, load_stack
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.processes import die_with_parent
+from gpuyard.jobs.spec import checkpoint_uri, trainer_args
+from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
+from gpuyard.jobs.workload.storage import open_storage
+from gpuyard.jobs.workload.train import identity
+from gpuyard.sim import coredns, pause, realnode
+from gpuyard.sim.images import build_images
+from gpuyard.sim.kube import Kubectl
 from sim_running import pod_ended, running_sim
 
 pytestmark = [
@@ -37,7 +54,12 @@ pytestmark = [
 STACK = "dev"
 CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool
 TEAM, NAMESPACE = "vision", "team-vision"
-JOB = "gang"
+JOB, PREEMPTED, DIVERGED, MPI_PREEMPTED = "gang", "preempted", "diverged", "mpi-preempted"
+# 512 steps of 64 samples: the kind of run these ranks train for 10 s on an idle machine and 2 min on a busy one
+# (measured 250 to 5000 samples/s: the node's containers share the 2 cores with everything else here)
+EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS = 4, 8192, 64
+STEPS = EPOCHS * DATASET_SIZE // (32 * 2)  # the template's --batch_size 32 a rank, 2 ranks
+FINAL_WATCH_SECONDS = 30
 JOB_TIMEOUT_SECONDS = 1200
 POD_TIMEOUT_SECONDS = 300
 
@@ -88,63 +110,358 @@ def test_pods_on_a_real_node_resolve_services_and_headless_services_through_the_
     kubectl.run("delete", "pod", "dns-target", "dns-client", "-n", "default", "--grace-period=1")
 
 
-def _job_state(kubectl) -> str:
-    conditions = kubectl.get("pytorchjob", JOB, NAMESPACE).get("status", {}).get("conditions", [])
-    return next((c["type"] for c in reversed(conditions) if c["status"] == "True"), "")
+@dataclass(frozen=True)
+class Gangs:
+    """The sim ready for gangs on the real CPU node: the images in its registry, the CPU pool's kwok nodes cordoned
+    (a gang can only land where containers run), the stack's bucket on a moto_server the pods reach."""
+
+    kubectl: Kubectl
+    config: StackConfig
+    registry_prefix: str
+    aws: LocalAWS
+
+    def trainer_args(self, name: str, **changes) -> TrainArgs:
+        """The template's reference trainer arguments for job ``name``, with the model and data of these tests."""
+        uri = checkpoint_uri(self.config, self.config.team(TEAM), name)
+        return trainer_args(uri, EPOCHS).model_copy(update={"model": "mlp", "dataset_size": DATASET_SIZE,
+                                                            "save_every_steps": SAVE_EVERY_STEPS, **changes})
+
+    def submit(self, name: str, args: TrainArgs, kind: str = "pytorchjob", cpu: str = "0.9") -> float:
+        """Render the job ``name`` of ``kind`` running the reference trainer with ``args`` (the words after `--`),
+        apply it; returns when."""
+        # LOGLEVEL: torchrun's agent then logs each rank's place in the rendezvous and the signals it gets
+        # (torch/distributed/elastic utils/logging.py reads it; its default is WARNING)
+        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region, "LOGLEVEL": "INFO"}
+        rendered = subprocess.run(
+            [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", kind,
+             "--name", name, "--gpus-per-node", "0", "--cpu", cpu, "--registry", self.registry_prefix,
+             *(f"--env={k}={v}" for k, v in env.items()), "--", "-m", TRAIN_MODULE, *args.to_argv()],
+            capture_output=True, text=True, check=True).stdout
+        self.kubectl.run("apply", "-f", "-", stdin=rendered)
+        return time.monotonic()
+
+    def checkpoints(self, args: TrainArgs) -> Checkpointer:
+        """The job's checkpoints in the bucket, read as the trainer reads them (each verified against its manifest)."""
+        storage = open_storage(args.checkpoint_uri)
+        return Checkpointer(storage, identity(args))
 
 
-def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_finding_its_master_through_dns(
-        sim, tmp_path):
+@pytest.fixture(scope="module")
+def gangs(sim, tmp_path_factory):
     kubectl = sim.kubectl()
     registry = sim.registry()
     config = load_stack(STACK)
     build_images(registry, STACK)
-    # the pool's kwok nodes are cordoned: the gang can only land where containers really run
     pool = kubectl.run("get", "nodes", "-o", "name", "-l", "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
     others = [name for name in pool.split() if name != f"node/{CPU_NODE}"]
     assert others
     kubectl.run("cordon", *others)
     # moto_server on the bridge's own address, which the pods reach (and nothing outside the sim's namespace)
-    with LocalAWS(log_path=tmp_path / "moto.log", host=realnode.GATEWAY) as aws:
-        s3 = boto3.client("s3", endpoint_url=aws.endpoint_url, region_name=config.region,
-                          aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
-        s3.create_bucket(Bucket=config.checkpoint_bucket,
-                         CreateBucketConfiguration={"LocationConstraint": config.region})
-        # LOGLEVEL: torchrun's agent then logs each rank's place in the rendezvous (torch/distributed/elastic
-        # utils/logging.py reads it; its default is WARNING)
-        env = {**aws.env, "AWS_DEFAULT_REGION": config.region, "LOGLEVEL": "INFO"}
-        rendered = subprocess.run(
-            [sys.executable, "-m", "jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", "pytorchjob",
-             "--name", JOB, "--gpus-per-node", "0", "--cpu", "0.9", "--epochs", "2",
-             "--registry", registry.prefix(config), *(f"--env={k}={v}" for k, v in env.items())],
-            capture_output=True, text=True, check=True).stdout
-        started = time.monotonic()
-        kubectl.run("apply", "-f", "-", stdin=rendered)
-        deadline = started + JOB_TIMEOUT_SECONDS
-        while (state := _job_state(kubectl)) not in ("Succeeded", "Failed") and time.monotonic() < deadline:
-            time.sleep(3)
-        print(f"PyTorchJob {state or 'not finished'} {time.monotonic() - started:.0f}s after it was applied")
-        pods = {pod["metadata"]["name"]: pod for pod in kubectl.get("pods", namespace=NAMESPACE)["items"]}
-        logs = {name: kubectl.run("logs", name, "-n", NAMESPACE, "-c", "pytorch") for name in pods}
-        for name, text in logs.items():
-            print(f"--- {name}\n{text[-3000:]}")
-        assert state == "Succeeded", json.dumps({n: p["status"] for n, p in pods.items()})[-4000:]
-        assert sorted(pods) == [f"{JOB}-master-0", f"{JOB}-worker-0"]
-        assert {pod["spec"]["nodeName"] for pod in pods.values()} == {CPU_NODE}
-        assert all(pod["spec"]["schedulerName"] == "volcano" for pod in pods.values())
-        # the worker's init container waited for the master's name (upstream's nslookup loop) and got its address
-        master_ip = pods[f"{JOB}-master-0"]["status"]["podIP"]
-        init = kubectl.run("logs", f"{JOB}-worker-0", "-n", NAMESPACE, "-c", "init-pytorch")
-        assert master_ip in init, init
-        done = [json.loads(line) for line in logs[f"{JOB}-master-0"].splitlines() if line.startswith('{"event": "done"')]
-        assert len(done) == 1 and done[0]["epochs"] == 2
-        prefix = f"{config.team(TEAM).checkpoint_prefix}{JOB}/"
-        assert done[0]["checkpoint"].startswith(f"s3://{config.checkpoint_bucket}/{prefix}")
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=config.checkpoint_bucket, Prefix=prefix).get("Contents", [])]
-        assert keys, f"no checkpoint under s3://{config.checkpoint_bucket}/{prefix}"
-        # both ranks joined one rendezvous of two (torchrun's agent logs each rank's place in the group)
-        for name, rank in ((f"{JOB}-master-0", 0), (f"{JOB}-worker-0", 1)):
-            status = pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]
-            assert status["exitCode"] == 0
-            assert f"group_rank={rank}\n" in logs[name] and "group_world_size=2\n" in logs[name], logs[name][-3000:]
+    with (LocalAWS(log_path=tmp_path_factory.mktemp("moto") / "moto.log", host=realnode.GATEWAY) as aws,
+          pytest.MonkeyPatch.context() as env):
+        for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
+            env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
+        aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
+                                       CreateBucketConfiguration={"LocationConstraint": config.region})
+        yield Gangs(kubectl, config, registry.prefix(config), aws)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job as it ended: its state, how long after it was applied, the pods left."""
+
+    state: str
+    seconds: float
+    pods: dict[str, dict]
+
+
+def _events(logs: str, event: str) -> list[dict]:
+    """The trainer's JSON lines of one kind (rank 0 prints them) in ``logs``."""
+    return [json.loads(line) for line in logs.splitlines() if line.startswith(f'{{"event": "{event}"')]
+
+
+def _job_state(kubectl, name: str, kind: str = "pytorchjob") -> str:
+    conditions = kubectl.get(kind, name, NAMESPACE).get("status", {}).get("conditions", [])
+    return next((c["type"] for c in reversed(conditions) if c["status"] == "True"), "")
+
+
+def _pods(kubectl, name: str) -> dict[str, dict]:
+    return {pod["metadata"]["name"]: pod for pod in kubectl.items("pods", NAMESPACE, f"gpuyard.io/job={name}")}
+
+
+def _ended(kubectl, name: str, applied: float, kind: str = "pytorchjob") -> Ended:
+    while (state := _job_state(kubectl, name, kind)) not in ("Succeeded", "Failed") and (
+            time.monotonic() < applied + JOB_TIMEOUT_SECONDS):
+        time.sleep(3)
+    seconds = time.monotonic() - applied
+    print(f"{kind} {name} {state or 'not finished'} {seconds:.0f}s after it was applied")
+    return Ended(state, seconds, _pods(kubectl, name))
+
+
+def _trainer_state(pod: dict) -> dict:
+    """The state of the pod's container (``{"running": ...}``, ``{"terminated": ...}``), empty before it exists:
+    the trainer's under a PyTorchJob, sshd's on an MPIJob worker."""
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return statuses[0]["state"] if statuses else {}
+
+
+def _running(kubectl, name: str, pods: list[str], replacing: dict[str, str] | None = None) -> dict[str, str]:
+    """The UID of each of ``pods`` once the container runs in all of them, each a pod other than the one of the
+    UID ``replacing`` names for it (a pod created again)."""
+    deadline, replacing = time.monotonic() + POD_TIMEOUT_SECONDS, replacing or {}
+    while True:
+        found = _pods(kubectl, name)
+        uids = {pod: found[pod]["metadata"]["uid"] for pod in pods if "running" in _trainer_state(found.get(pod, {}))}
+        if len(uids) == len(pods) and not any(uid == replacing.get(pod) for pod, uid in uids.items()):
+            return uids
+        assert time.monotonic() < deadline, json.dumps({p: v["status"] for p, v in found.items()})[-3000:]
+        time.sleep(1)
+
+
+@contextmanager
+def _followed_to_the_end(kubectl, pods: list[str], folder: Path, run: str) -> Iterator[dict[str, Path]]:
+    """Each pod's log (``folder/<pod>.<run>.log``, from its start) followed until its container exits, which the
+    block's end waits for: a job's operator deletes the pods still running when it ends (cleanPodPolicy
+    `Running`: kubeflow/training-operator v1.9.4 pkg/controller.v1/common/job.go DeletePodsAndServices), logs and
+    all."""
+    paths = {pod: folder / f"{pod}.{run}.log" for pod in pods}
+    with ExitStack() as stack:
+        followers = [stack.enter_context(_following(kubectl, pod, path)) for pod, path in paths.items()]
+        yield paths
+        for follower in followers:
+            follower.wait(timeout=JOB_TIMEOUT_SECONDS)
+    for pod, path in paths.items():
+        print(f"--- {pod} ({run} run)\n{path.read_text()[-3000:]}")
+
+
+def _read(paths: dict[str, Path]) -> dict[str, str]:
+    return {pod: path.read_text() for pod, path in paths.items()}
+
+
+@contextmanager
+def _following(kubectl, pod: str, path: Path) -> Iterator[subprocess.Popen]:
+    """``kubectl logs -f`` of the pod's container into ``path``: it ends when the container exits (the pod and its
+    logs may be gone right after)."""
+    with path.open("w") as out:
+        follower = subprocess.Popen(
+            [str(kubectl.binary), f"--kubeconfig={kubectl.kubeconfig}", "logs", "-f", pod, "-n", NAMESPACE],
+            stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        try:
+            yield follower
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+            follower.wait()
+
+
+def _job_events(kubectl, name: str) -> list[dict]:
+    """The events the Training Operator recorded on the PyTorchJob ``name``."""
+    return [event for event in kubectl.items("events", NAMESPACE)
+            if (event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("PyTorchJob", name)]
+
+
+def _differences(ours, theirs, path: str = "") -> list[str]:
+    """Where two checkpoint states differ, bit for bit (tensors by their bytes, dtype and shape)."""
+    if isinstance(ours, torch.Tensor):
+        same = (isinstance(theirs, torch.Tensor) and (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape)
+                and torch.equal(ours.flatten().view(torch.uint8), theirs.flatten().view(torch.uint8)))
+        return [] if same else [path]
+    if isinstance(ours, dict):
+        if not isinstance(theirs, dict) or ours.keys() != theirs.keys():
+            return [path]
+        return [diff for key in ours for diff in _differences(ours[key], theirs[key], f"{path}/{key}")]
+    if isinstance(ours, (list, tuple)):
+        if type(ours) is not type(theirs) or len(ours) != len(theirs):
+            return [path]
+        return [diff for index, pair in enumerate(zip(ours, theirs)) for diff in _differences(*pair, f"{path}/{index}")]
+    return [] if (type(ours), ours) == (type(theirs), theirs) else [path]
+
+
+def _first_checkpoint(checkpoints: Checkpointer, running) -> None:
+    """Wait until the job's first scheduled checkpoint is in the bucket (while ``running()``)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not (manifests := checkpoints.manifests()) or step_of(manifests[0]) < SAVE_EVERY_STEPS:
+        assert time.monotonic() < deadline and running(), f"no checkpoint of step {SAVE_EVERY_STEPS}"
+        time.sleep(1)
+
+
+def _delete_pod(kubectl, pod: str) -> float:
+    """`kubectl delete pod` with the pod's own grace period, not waiting; returns when."""
+    kubectl.run("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
+    return time.monotonic()
+
+
+def _stopped(stopped: list[dict], args: TrainArgs) -> dict:
+    """The one ``stopped`` line: after the first scheduled checkpoint, before the end, saved in the bucket."""
+    assert len(stopped) == 1, stopped
+    step = stopped[0]["global_step"]
+    assert SAVE_EVERY_STEPS <= step < STEPS and stopped[0]["seconds_since_sigterm"] < args.grace_period
+    assert stopped[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(step)}"
+    return stopped[0]
+
+
+def _assert_resumed_as_uninterrupted(gangs: Gangs, args: TrainArgs, resumed: list[dict], stopped: dict,
+                                     done: list[dict], reference: Reference) -> None:
+    """The run of ``args`` resumed once, at the step it stopped, and its final checkpoint is the reference's, bit
+    for bit (model, optimizer, progress and every rank's RNG)."""
+    assert [(e["global_step"], e["checkpoint"]) for e in resumed] == [(stopped["global_step"], stopped["checkpoint"])]
+    assert len(done) == 1 and done[0]["weights_sha256"] == _events(reference.all_logs, "done")[0]["weights_sha256"]
+    ours = gangs.checkpoints(args).read(manifest_name(STEPS))
+    theirs = gangs.checkpoints(gangs.trainer_args(JOB)).read(manifest_name(STEPS))
+    assert sorted(ours.state) == ["model", "optimizer", "progress", "ranks", "step"]
+    assert _differences(ours.state, theirs.state) == []
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The gang's run: its pods as they ran, the worker's init container's log, each trainer's log, the end."""
+
+    running: dict[str, dict]
+    init_log: str
+    logs: dict[str, str]
+    ended: Ended
+
+    @property
+    def all_logs(self) -> str:
+        return "\n".join(self.logs.values())
+
+
+@pytest.fixture(scope="module")
+def reference(gangs, tmp_path_factory) -> Reference:
+    """The gang trained once, uninterrupted: the first gang test's job, and what a preempted one must end as."""
+    kubectl, pods = gangs.kubectl, [f"{JOB}-master-0", f"{JOB}-worker-0"]
+    applied = gangs.submit(JOB, gangs.trainer_args(JOB))
+    _running(kubectl, JOB, pods)
+    running = _pods(kubectl, JOB)
+    init_log = kubectl.run("logs", pods[1], "-n", NAMESPACE, "-c", "init-pytorch")
+    with _followed_to_the_end(kubectl, pods, tmp_path_factory.mktemp("reference"), "only") as logs:
+        ended = _ended(kubectl, JOB, applied)
+    return Reference(running, init_log, _read(logs), ended)
+
+
+def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_finding_its_master_through_dns(
+        gangs, reference):
+    pods, logs, ended = reference.running, reference.logs, reference.ended
+    assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    assert sorted(pods) == [f"{JOB}-master-0", f"{JOB}-worker-0"]
+    assert {pod["spec"]["nodeName"] for pod in pods.values()} == {CPU_NODE}
+    assert all(pod["spec"]["schedulerName"] == "volcano" for pod in pods.values())
+    # the worker's init container waited for the master's name (upstream's nslookup loop) and got its address
+    assert pods[f"{JOB}-master-0"]["status"]["podIP"] in reference.init_log, reference.init_log
+    done = _events(logs[f"{JOB}-master-0"], "done")
+    assert len(done) == 1 and (done[0]["epochs"], done[0]["global_step"]) == (EPOCHS, STEPS)
+    args = gangs.trainer_args(JOB)
+    assert done[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(STEPS)}"
+    assert args.checkpoint_uri.startswith(
+        f"s3://{gangs.config.checkpoint_bucket}/{gangs.config.team(TEAM).checkpoint_prefix}{JOB}")
+    assert gangs.checkpoints(args).read(manifest_name(STEPS)).step == STEPS
+    # both ranks joined one rendezvous of two and finished (torchrun's agent logs each rank's place in the group and
+    # the end of its worker); the pods left (the operator deletes one still running as the job ends) exited 0
+    for name, rank in ((f"{JOB}-master-0", 0), (f"{JOB}-worker-0", 1)):
+        assert f"group_rank={rank}\n" in logs[name] and "group_world_size=2\n" in logs[name], logs[name][-3000:]
+        assert "worker group successfully finished" in logs[name], logs[name][-3000:]
+    assert ended.pods and all(_trainer_state(pod)["terminated"]["exitCode"] == 0 for pod in ended.pods.values())
+
+
+def test_a_rank_whose_pod_is_deleted_mid_run_stops_on_the_kubelets_sigterm_and_the_recreated_gang_resumes_bitwise(
+        gangs, reference, tmp_path):
+    """`kubectl delete pod` of the worker (the pod's grace period, 300 s): the kubelet SIGTERMs its torchrun, which
+    forwards it to rank 1; both ranks agree the stop, rank 0 saves that step and both exit 143. The Training Operator
+    (kubeflow/training-operator v1.9.4 pkg/controller.v1/common/pod.go ReconcilePods: a Failed pod of an `ExitCode`
+    replica with an exit code of 128 or more, pkg/util/train/train_util.go IsRetryableExitCode, is deleted and the
+    job marked Restarting; a missing replica index is created again) recreates both pods, which resume from that
+    checkpoint and end with the uninterrupted run's state, bit for bit. The reference ran the same image on the same
+    node with the same arguments, world size and CPU limit (so the same intra-op thread count): the same computation."""
+    kubectl, args = gangs.kubectl, gangs.trainer_args(PREEMPTED)
+    master, worker = f"{PREEMPTED}-master-0", f"{PREEMPTED}-worker-0"
+    applied = gangs.submit(PREEMPTED, args)
+    first = _running(kubectl, PREEMPTED, [master, worker])
+    with _followed_to_the_end(kubectl, [master, worker], tmp_path, "first") as first_logs:
+        _first_checkpoint(gangs.checkpoints(args), lambda: _job_state(kubectl, PREEMPTED) != "Succeeded")
+        deleted = _delete_pod(kubectl, worker)
+    stop_seconds = time.monotonic() - deleted
+    print(f"both trainers exited {stop_seconds:.1f}s after the worker's pod was deleted")
+    assert stop_seconds < args.grace_period
+    first_logs = _read(first_logs)
+    # the kubelet's SIGTERM reached the worker's torchrun, which logs it (by number) and forwards it to its rank
+    assert re.search(r"Received 15 death signal, shutting down workers\n.*closing signal SIGTERM", first_logs[worker]), (
+        first_logs[worker][-3000:])
+    stopped = _stopped(_events("\n".join(first_logs.values()), "stopped"), args)
+    _running(kubectl, PREEMPTED, [master, worker], replacing=first)  # the operator made both pods again
+    with _followed_to_the_end(kubectl, [master, worker], tmp_path, "second") as second_logs:
+        ended = _ended(kubectl, PREEMPTED, applied)
+    second_logs = "\n".join(_read(second_logs).values())
+    assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    # the operator saw the master's trainer exit 143 and restarted the job
+    events = _job_events(kubectl, PREEMPTED)
+    assert any(e["reason"] == "ExitedWithCode" and e["message"].endswith(f"{master} exited with code 143")
+               for e in events), [e["message"] for e in events]
+    assert any(e["reason"] == "PyTorchJobRestarting" for e in events), [e["message"] for e in events]
+    _assert_resumed_as_uninterrupted(gangs, args, _events(second_logs, "resume"), stopped,
+                                     _events(second_logs, "done"), reference)
+
+
+def test_a_trainer_exiting_1_fails_the_pytorchjob_and_the_operator_recreates_no_pod(gangs, tmp_path):
+    """A learning rate that makes the loss non-finite: every rank exits 1, torchrun (gpuyard.jobs.workload.torchrun) passes
+    it on, and the operator fails the job (training-operator v1.9.4 pkg/controller.v1/common/pod.go ReconcilePods:
+    an `ExitCode` replica's Failed pod with an exit code below 128 sets JobFailed and is left as it is; once Failed,
+    pkg/util/status.go setCondition changes no condition again)."""
+    kubectl, args = gangs.kubectl, gangs.trainer_args(DIVERGED, lr=5.0)
+    pods = [f"{DIVERGED}-master-0", f"{DIVERGED}-worker-0"]
+    applied = gangs.submit(DIVERGED, args)
+    first = _running(kubectl, DIVERGED, pods)
+    with _followed_to_the_end(kubectl, pods, tmp_path, "only") as logs:
+        ended = _ended(kubectl, DIVERGED, applied)
+    logs = "\n".join(_read(logs).values())
+    assert ended.state == "Failed", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    nonfinite = _events(logs, "nonfinite")
+    assert len(nonfinite) == 1 and nonfinite[0]["checkpoint"] is None and "train: error: loss or weights not finite" in logs
+    # the operator reconciles a pod's change within seconds (the preempted job's pods were made again so): no pod
+    # is made again, none restarted. A pod still running when the job failed is deleted by the cleanPodPolicy
+    # `Running` (kubeflow/training-operator v1.9.4 pkg/controller.v1/common/job.go DeletePodsAndServices).
+    time.sleep(FINAL_WATCH_SECONDS)
+    after = _pods(kubectl, DIVERGED)
+    assert after and {name: pod["metadata"]["uid"] for name, pod in after.items()}.items() <= first.items()
+    for pod in after.values():
+        assert pod["status"]["phase"] == "Failed"
+        assert _trainer_state(pod)["terminated"]["exitCode"] == 1
+        assert all(status["restartCount"] == 0 for status in pod["status"]["containerStatuses"])
+    assert _job_state(kubectl, DIVERGED) == "Failed"
+
+
+def test_an_mpijob_worker_pod_deleted_mid_run_stops_its_ranks_and_the_launcher_reruns_them_to_the_same_bits(
+        gangs, reference, tmp_path):
+    """The same for an MPIJob: the kubelet SIGTERMs the deleted worker's PID 1, tini, which passes it to
+    images/mpi/entrypoint.sh (sshd is not PID 1), which SIGTERMs the ranks Open MPI's daemon started there; the ranks
+    agree the stop, rank 0 (on worker 0) saves and both exit 143; mpirun passes 143 on and the launcher's
+    `gpuyard.jobs.workload.launch` reruns it once every worker's sshd answers again, the MPI Operator having created the
+    deleted worker again (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go getOrCreateWorker: a
+    worker pod not found is created). The launcher pod stays. The reference is the PyTorchJob's run: the same image,
+    arguments, world size and intra-op thread count (the node's 2 cores under both launchers); the trainer's
+    weights do not depend on the launcher (tests/test_workload_interrupt.py compares mpirun with torchrun)."""
+    kubectl, args = gangs.kubectl, gangs.trainer_args(MPI_PREEMPTED)
+    workers = [f"{MPI_PREEMPTED}-worker-0", f"{MPI_PREEMPTED}-worker-1"]
+    # two workers of 0.45 CPU and the launcher's 1 CPU: the real node's 2
+    applied = gangs.submit(MPI_PREEMPTED, args, kind="mpijob", cpu="0.45")
+    first = _running(kubectl, MPI_PREEMPTED, workers)
+    with _followed_to_the_end(kubectl, [workers[1]], tmp_path, "first") as worker_log:
+        _first_checkpoint(gangs.checkpoints(args),
+                          lambda: _job_state(kubectl, MPI_PREEMPTED, "mpijob") not in ("Succeeded", "Failed"))
+        deleted = _delete_pod(kubectl, workers[1])
+    stop_seconds = time.monotonic() - deleted
+    print(f"the deleted worker's container exited {stop_seconds:.1f}s after its pod was deleted")
+    worker_log = _read(worker_log)[workers[1]]
+    assert "entrypoint.sh: SIGTERM to ranks" in worker_log and stop_seconds < args.grace_period, worker_log[-3000:]
+    # the operator made the deleted worker again; the other one stayed
+    second = _running(kubectl, MPI_PREEMPTED, workers, replacing={workers[1]: first[workers[1]]})
+    assert second[workers[0]] == first[workers[0]]
+    ended = _ended(kubectl, MPI_PREEMPTED, applied, kind="mpijob")
+    assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    launchers = [name for name in ended.pods if name.startswith(f"{MPI_PREEMPTED}-launcher-")]
+    assert len(launchers) == 1 and _trainer_state(ended.pods[launchers[0]])["terminated"]["exitCode"] == 0
+    launcher_log = gangs.kubectl.run("logs", launchers[0], "-n", NAMESPACE)
+    print(f"--- {launchers[0]}\n{launcher_log[-3000:]}")
+    assert "launch: exit 143, retryable: running it again (1 of 3)" in launcher_log
+    stopped = _stopped(_events(launcher_log, "stopped"), args)
+    _assert_resumed_as_uninterrupted(gangs, args, _events(launcher_log, "resume"), stopped,
+                                     _events(launcher_log, "done"), reference)

@@ -2,7 +2,7 @@
 pod of the ddp image, pulled from the sim's registry, runs the reference trainer there to completion.
 
 Builds the node's components once (cached, needs Go) and expects the images in the registry's storage (`python -m
-sim.images`) and the pause image's package in the cache (`python -m sim.build dev realnode`), as CI prepares them.
+gpuyard.sim.images`) and the pause image's package in the cache (`python -m gpuyard.sim.build dev realnode`), as CI prepares them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import urllib.request
 
 import pytest
 
-from sim import nodes
-from sim.images import build_images
+from gpuyard.sim import nodes
+from gpuyard.sim.images import build_images
 from sim_running import pod_ended, running_sim
 
 pytestmark = [

@@ -16,11 +16,11 @@ import yaml
 
 from cli_helpers import gpuyard
 from conftest import with_registry
-from infra.config import STACKS_DIR_ENV, load_stack, stacks_dir
-from sim.cluster import Sim
-from sim.replay import consolidation, prepare, run
-from sim.submit import submit
-from sim.trace import Gang, cluster_history, write_trace
+from gpuyard.infra.config import STACKS_DIR_ENV, load_stack, stacks_dir
+from gpuyard.sim.cluster import Sim
+from gpuyard.sim.replay import consolidation, prepare, run
+from gpuyard.sim.submit import submit
+from gpuyard.sim.trace import Gang, cluster_history, write_trace
 
 pytestmark = [
     pytest.mark.sim,

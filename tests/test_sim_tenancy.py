@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from conftest import with_registry
-from infra.config import load_stack
-from infra.tenancy import team_group
-from jobs.render import render_specs, write_manifests
-from jobs.spec import build_spec, stack_kinds
+from gpuyard.infra.config import load_stack
+from gpuyard.infra.tenancy import team_group
+from gpuyard.jobs.render import render_specs, write_manifests
+from gpuyard.jobs.spec import build_spec, stack_kinds
 from pod_security import pod_specs
 from sim_running import running_sim
-from sim.kube import KubectlError
-from sim.submit import KWOK_COMPLETED, submit
+from gpuyard.sim.kube import KubectlError
+from gpuyard.sim.submit import KWOK_COMPLETED, submit
 
 pytestmark = [
     pytest.mark.sim,

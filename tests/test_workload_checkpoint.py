@@ -7,9 +7,9 @@ import boto3
 import pytest
 import torch
 
-from jobs.local_aws import free_port
-from jobs.workload.checkpoint import Checkpointer, IdentityMismatch, data_name, manifest_name, serialize
-from jobs.workload.storage import LocalStorage, S3Storage, StorageError, open_storage
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.workload.checkpoint import Checkpointer, IdentityMismatch, data_name, manifest_name, serialize
+from gpuyard.jobs.workload.storage import LocalStorage, S3Storage, StorageError, open_storage
 from workload_launch import FaultyProxy
 
 
@@ -312,8 +312,8 @@ def test_a_data_object_that_is_a_folder_is_skipped(tmp_path):
 
 
 def _trainer_parts(model_name: str = "linear"):
-    from jobs.workload.data import build_model
-    from jobs.workload.state import RankRNG, TrainProgress
+    from gpuyard.jobs.workload.data import build_model
+    from gpuyard.jobs.workload.state import RankRNG, TrainProgress
 
     model = build_model(model_name, 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -321,8 +321,8 @@ def _trainer_parts(model_name: str = "linear"):
 
 
 def _manager(storage, events=None, model_name: str = "linear"):
-    from jobs.workload.dist import DistEnv
-    from jobs.workload.manager import CheckpointManager, SaveSchedule
+    from gpuyard.jobs.workload.dist import DistEnv
+    from gpuyard.jobs.workload.manager import CheckpointManager, SaveSchedule
 
     shared, rng = _trainer_parts(model_name)
     manager = CheckpointManager(_checkpointer(storage, emit=(events if events is not None else []).append),

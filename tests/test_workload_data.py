@@ -5,13 +5,13 @@ import sys
 
 import torch
 
-from jobs.workload.data import build_model, weights_sha256
+from gpuyard.jobs.workload.data import build_model, weights_sha256
 
 NO_NUMPY = "import sys; sys.modules['numpy'] = None\n"
 
 
 def test_weights_sha256_is_the_same_without_numpy():
-    script = NO_NUMPY + "from jobs.workload.data import build_model, weights_sha256\n" \
+    script = NO_NUMPY + "from gpuyard.jobs.workload.data import build_model, weights_sha256\n" \
                         "print(weights_sha256(build_model('mlp', 7)))"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -8,10 +8,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from jobs.workload.args import TrainArgs
-from jobs.workload.engine import ShardedCheckpointer, folder_name
-from jobs.workload.storage import S3Storage
-from jobs.workload.train import identity
+from gpuyard.jobs.workload.args import TrainArgs
+from gpuyard.jobs.workload.engine import ShardedCheckpointer, folder_name
+from gpuyard.jobs.workload.storage import S3Storage
+from gpuyard.jobs.workload.train import identity
 from workload_launch import FaultyProxy, done_event, events, run, torchrun_cmd, trained
 
 pytestmark = pytest.mark.slow

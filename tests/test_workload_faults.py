@@ -10,10 +10,10 @@ import boto3
 import pytest
 import torch
 
-from jobs.workload.args import TrainArgs
-from jobs.workload.checkpoint import Checkpointer, data_name, manifest_name, serialize
-from jobs.workload.storage import LocalStorage, S3Storage
-from jobs.workload.train import identity
+from gpuyard.jobs.workload.args import TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, data_name, manifest_name, serialize
+from gpuyard.jobs.workload.storage import LocalStorage, S3Storage
+from gpuyard.jobs.workload.train import identity
 from workload_launch import (FaultyProxy, children, done_event, environ_of, events, finished, python_cmd, run,
                              start, torchrun_cmd, trained, wait_for)
 

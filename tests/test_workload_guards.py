@@ -10,11 +10,11 @@ import boto3
 import pytest
 import torch
 
-from jobs.workload import train
-from jobs.workload.args import TrainArgs
-from jobs.workload.checkpoint import Checkpointer, manifest_name, serialize
-from jobs.workload.lease import LEASE
-from jobs.workload.storage import LocalStorage, S3Storage
+from gpuyard.jobs.workload import train
+from gpuyard.jobs.workload.args import TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, serialize
+from gpuyard.jobs.workload.lease import LEASE
+from gpuyard.jobs.workload.storage import LocalStorage, S3Storage
 from workload_launch import FaultyProxy, done_event, events, finished, python_cmd, run, start, trained, wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,12 +13,12 @@ import urllib.request
 import pytest
 import torch.distributed
 
-from jobs.local_aws import free_port
-from jobs.workload import train
-from jobs.workload.data import build_model, synthetic_dataset, weights_sha256
-from jobs.workload.dist import DistEnv, LaunchError, launcher_env
-from jobs.workload.metrics import TrainMetrics
-from jobs.workload.progress import Reporter
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.workload import train
+from gpuyard.jobs.workload.data import build_model, synthetic_dataset, weights_sha256
+from gpuyard.jobs.workload.dist import DistEnv, LaunchError, launcher_env
+from gpuyard.jobs.workload.metrics import TrainMetrics
+from gpuyard.jobs.workload.progress import Reporter
 from workload_launch import REPO
 
 GOOD = ["2", "1", "--batch_size", "8"]
@@ -56,7 +56,7 @@ def test_missing_bucket_and_unreachable_endpoint_fail_at_start(local_aws, monkey
 
 
 def test_bad_input_exits_2_as_a_process():
-    result = subprocess.run([sys.executable, "-m", "jobs.workload.train", "3", "0", "--batch_size", "4"],
+    result = subprocess.run([sys.executable, "-m", "gpuyard.jobs.workload.train", "3", "0", "--batch_size", "4"],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == "train: error: SAVE_EVERY: Input should be greater than or equal to 1 (got 0)\n"
@@ -109,7 +109,7 @@ def test_progress_is_json_lines_off_a_terminal_and_silent_off_rank_0():
 def test_progress_is_a_bar_on_a_terminal_and_done_stays_one_json_line():
     leader, follower = pty.openpty()
     env = {key: value for key, value in os.environ.items() if not key.startswith("TTY_")}
-    process = subprocess.Popen([sys.executable, "-m", "jobs.workload.train", "2", "1", "--batch_size", "64"],
+    process = subprocess.Popen([sys.executable, "-m", "gpuyard.jobs.workload.train", "2", "1", "--batch_size", "64"],
                                stdout=follower, stderr=subprocess.DEVNULL, cwd=REPO, env={**env, "TERM": "xterm"})
     os.close(follower)
     output = b""
@@ -135,7 +135,7 @@ def _read(fd: int) -> bytes:
     (["2", "0", "--num-workers", "2"], "train: error: SAVE_EVERY: Input should be greater than or equal to 1 (got 0)\n"),
 ])
 def test_ray_entry_bad_input_exits_2_before_ray_starts(argv, message):
-    result = subprocess.run([sys.executable, "-m", "jobs.workload.ray_entry", *argv],
+    result = subprocess.run([sys.executable, "-m", "gpuyard.jobs.workload.ray_entry", *argv],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message)
 
@@ -242,7 +242,7 @@ def test_a_good_launch_environment_still_reads():
 
 def test_the_largest_seed_trains_past_an_epoch():
     """The sampler seeds every epoch with seed + epoch: the largest accepted seed still works two epochs on."""
-    result = subprocess.run([sys.executable, "-m", "jobs.workload.train", "2", "1", "--batch_size", "64",
+    result = subprocess.run([sys.executable, "-m", "gpuyard.jobs.workload.train", "2", "1", "--batch_size", "64",
                              "--dataset-size", "128", "--seed", str(2**63 - 1)], capture_output=True, text=True,
                             cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -257,13 +257,13 @@ def test_the_largest_seed_trains_past_an_epoch():
     ([-15], 143),
 ])
 def test_torchrun_as_templated_exits_with_its_workers_status(exit_codes, status):
-    from jobs.workload.torchrun import worker_status
+    from gpuyard.jobs.workload.torchrun import worker_status
 
     assert worker_status(exit_codes) == status
 
 
 def test_the_launch_supervisor_needs_a_command_after_a_double_dash():
-    result = subprocess.run([sys.executable, "-m", "jobs.workload.launch", "--restarts", "2"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "gpuyard.jobs.workload.launch", "--restarts", "2"], capture_output=True,
                             text=True, cwd=REPO, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", "launch: error: give the command after --\n")
 
@@ -272,7 +272,7 @@ def test_the_launch_supervisor_needs_a_command_after_a_double_dash():
 def test_the_launch_supervisor_exits_with_its_command_s_status_and_reruns_only_retryable_ones(status, tmp_path):
     runs = tmp_path / "runs"
     script = f"import pathlib; p = pathlib.Path({str(runs)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x'); raise SystemExit({status})"
-    result = subprocess.run([sys.executable, "-m", "jobs.workload.launch", "--restarts", "2", "--", sys.executable, "-c",
+    result = subprocess.run([sys.executable, "-m", "gpuyard.jobs.workload.launch", "--restarts", "2", "--", sys.executable, "-c",
                              script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == status
     assert runs.read_text() == ("xxx" if status >= 128 else "x")

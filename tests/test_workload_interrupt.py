@@ -14,12 +14,12 @@ from pathlib import Path
 import boto3
 import pytest
 
-from jobs.local_aws import free_port
-from jobs.workload.args import LAUNCH_MODULE, TORCHRUN_MODULE, TrainArgs
-from jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
-from jobs.workload.interrupt import AGREE_SECONDS
-from jobs.workload.storage import S3Storage
-from jobs.workload.train import identity
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.workload.args import LAUNCH_MODULE, TORCHRUN_MODULE, TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
+from gpuyard.jobs.workload.interrupt import AGREE_SECONDS
+from gpuyard.jobs.workload.storage import S3Storage
+from gpuyard.jobs.workload.train import identity
 from workload_launch import (BIN, REPO, FaultyProxy, children, done_event, environ_of, events, finished, mpirun_cmd,
                              python_cmd, ray_cmd, run, start, torchrun_cmd, trained, wait_for)
 
@@ -167,7 +167,8 @@ def test_sigterm_while_s3_hangs_exits_in_a_short_grace_and_the_previous_checkpoi
 AGREEMENT = """
 import json, sys, time
 import torch, torch.distributed as dist
-from jobs.workload.interrupt import StepAgreement, StopRequest
+from gpuyard.jobs.workload.dist import leave
+from gpuyard.jobs.workload.interrupt import StepAgreement, StopRequest
 dist.init_process_group("gloo")
 rank, step_seconds = dist.get_rank(), float(sys.argv[1])
 stop = StopRequest()
@@ -180,6 +181,8 @@ for step in range(1, 10000):
         waited = time.monotonic() - stop.requested_at if stop.requested_at else None
         print(json.dumps({"rank": rank, "step": step, "waited": waited}), flush=True)
         break
+dist.destroy_process_group()
+leave(0)
 """
 
 

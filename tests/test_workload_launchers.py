@@ -6,7 +6,7 @@ import shutil
 import boto3
 import pytest
 
-from jobs.workload.args import TrainArgs
+from gpuyard.jobs.workload.args import TrainArgs
 from workload_launch import done_event, mpirun_cmd, python_cmd, ray_cmd, run, torchrun_cmd, trained
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import time
 import boto3
 import pytest
 
-from jobs.workload.lease import LEASE, Lease, LeaseHeld
-from jobs.workload.storage import Conflict, LocalStorage, S3Storage
+from gpuyard.jobs.workload.lease import LEASE, Lease, LeaseHeld
+from gpuyard.jobs.workload.storage import Conflict, LocalStorage, S3Storage
 from workload_launch import REPO, FaultyProxy
 
 pytestmark = pytest.mark.slow
@@ -129,8 +129,8 @@ def test_conditional_writes_create_once_and_replace_only_the_version_read(backen
 RACER = """
 import sys, time
 from pathlib import Path
-from jobs.workload.lease import Lease, LeaseHeld
-from jobs.workload.storage import LocalStorage
+from gpuyard.jobs.workload.lease import Lease, LeaseHeld
+from gpuyard.jobs.workload.storage import LocalStorage
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
 lease = Lease(LocalStorage(Path(sys.argv[1])), 30.0, owner=sys.argv[3])

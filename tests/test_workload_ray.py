@@ -12,10 +12,10 @@ import boto3
 import pytest
 import yaml
 
-from infra.conventions import METRICS_PORT
-from jobs.local_aws import free_port
-from jobs.render import render
-from jobs.workload.args import RAY_STOP_MODULE, TrainArgs
+from gpuyard.infra.conventions import METRICS_PORT
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.render import render
+from gpuyard.jobs.workload.args import RAY_STOP_MODULE, TrainArgs
 from ray_cluster import RayCluster, cluster_env
 from render_helpers import STACK, make_spec
 from workload_launch import FaultyProxy, done_event, events, finished, ray_cmd, run, start, trained, wait_for

@@ -12,10 +12,10 @@ import boto3
 import pytest
 import torch
 
-from infra.conventions import EXIT_RETRYABLE
-from jobs.workload.args import TORCHRUN_MODULE, TrainArgs
-from jobs.workload.checkpoint import data_name, manifest_name
-from jobs.workload.data import ResumableSampler, synthetic_dataset
+from gpuyard.infra.conventions import EXIT_RETRYABLE
+from gpuyard.jobs.workload.args import TORCHRUN_MODULE, TrainArgs
+from gpuyard.jobs.workload.checkpoint import data_name, manifest_name
+from gpuyard.jobs.workload.data import ResumableSampler, synthetic_dataset
 from workload_launch import (FaultyProxy, done_event, events, finished, python_cmd, run, start, torchrun_cmd, trained,
                              wait_for)
 

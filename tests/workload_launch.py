@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from jobs.local_aws import free_port
-from jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
+from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent

@@ -2,6 +2,6 @@
 
 from pulumi_policy import EnforcementLevel, PolicyPack
 
-from infra.policy.rules import POLICIES
+from gpuyard.infra.policy.rules import POLICIES
 
 PolicyPack("gpuyard", enforcement_level=EnforcementLevel.MANDATORY, policies=POLICIES)

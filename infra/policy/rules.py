@@ -21,8 +21,8 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from infra.config import GPU_FAMILIES, instance_family
-from infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_TAINT_KEY, LABEL_PRIORITY_CLASS_PREFIX, LABEL_TEAM,
+from gpuyard.infra.config import GPU_FAMILIES, instance_family
+from gpuyard.infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_TAINT_KEY, LABEL_PRIORITY_CLASS_PREFIX, LABEL_TEAM,
                                RESERVED_NAMESPACE_PREFIX, RESERVED_NAMESPACES, RESERVED_QUEUES)
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.config import StackConfig, Team
-from infra.conventions import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_TEAM, PART_OF
-from sim.kube import Kubectl, KubectlError
-from sim.queues import queue_state
-from sim.submit import GROUP_ANNOTATION, JOB_RESOURCES, job_phase
+from gpuyard.infra.config import StackConfig, Team
+from gpuyard.infra.conventions import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_TEAM, PART_OF
+from gpuyard.sim.kube import Kubectl, KubectlError
+from gpuyard.sim.queues import queue_state
+from gpuyard.sim.submit import GROUP_ANNOTATION, JOB_RESOURCES, job_phase
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 HINT = "EKS: pulumi stack output kubeconfig; simulated: gpuyard sim kubeconfig"
@@ -51,7 +51,7 @@ def kubeconfig_path(given: Path | None) -> Path:
 
 def kubectl_for(config: StackConfig, kubeconfig: Path) -> Kubectl:
     """kubectl from PATH, else the one ``gpuyard sim`` built for the stack."""
-    from sim.cluster import Sim
+    from gpuyard.sim.cluster import Sim
 
     found = shutil.which("kubectl")
     binary = Path(found) if found else Sim(config.stack).kubectl_binary()

@@ -20,12 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 import typer
 
-from infra.config import load_stack
-from jobs.cli.errors import fail
-from jobs.cli.options import checked_output_dir, provenance, stack_option
-from jobs.local_aws import LocalAWS
-from jobs.processes import stop_tree
-from jobs.workload.args import TRAIN_MODULE, TrainArgs
+from gpuyard.infra.config import load_stack
+from gpuyard.jobs.cli.errors import fail
+from gpuyard.jobs.cli.options import checked_output_dir, provenance, stack_option
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.processes import stop_tree
+from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
 
 BUCKET = "gpuyard-demo"
 PROCESSES = 2
@@ -139,7 +139,7 @@ def demo_registry(cluster_name: str) -> str:
 
 def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
     """Render every kind for every team of the stack into ``out_dir`` (all files or none) and list them."""
-    from jobs.render import default_specs, manifest_path, render_specs, write_manifests
+    from gpuyard.jobs.render import default_specs, manifest_path, render_specs, write_manifests
 
     config = load_stack(stack)
     title = f"job templates of stack {stack!r} (gpuyard render --stack {stack} --all -d {out_dir})"
@@ -160,7 +160,7 @@ def render_templates(console: Console, stack: str, out_dir: Path) -> list[Path]:
 
 def show_plan_summary(console: Console, stack: str) -> int:
     """What ``pulumi up`` would create for the stack, computed offline under Pulumi's mocks."""
-    from infra.plan import plan_summary  # the Pulumi SDKs load only here
+    from gpuyard.infra.plan import plan_summary  # the Pulumi SDKs load only here
 
     count, per_type = plan_summary(stack)
     table = Table(title=f"pulumi up --stack {stack} would create {count} resources (gpuyard plan, offline)",

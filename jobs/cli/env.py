@@ -13,14 +13,14 @@ from pulumi import automation as auto
 from rich.console import Console
 from rich.table import Table
 
-from infra.config import ConfigError
-from infra.regions import COMMERCIAL_REGIONS
-from jobs.cli.errors import fail, usage_without_command
-from jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
-from jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, TeardownStopped, create_env, destroy_env,
+from gpuyard.infra.config import ConfigError
+from gpuyard.infra.regions import COMMERCIAL_REGIONS
+from gpuyard.jobs.cli.errors import fail, usage_without_command
+from gpuyard.jobs.ephemeral.cleanup import Cleaner, CleanupError, Orphan, Report
+from gpuyard.jobs.ephemeral.stacks import (CleanupIncomplete, EnvError, EnvStack, TeardownStopped, create_env, destroy_env,
                                    due_for_reaping, ephemeral_cluster_prefix, leased_env, list_envs, new_env_config)
-from jobs.duration import DurationError
-from jobs.ephemeral.ttl import describe_remaining, format_expiry, parse_ttl
+from gpuyard.jobs.duration import DurationError
+from gpuyard.jobs.ephemeral.ttl import describe_remaining, format_expiry, parse_ttl
 
 app = typer.Typer(help="Ephemeral environments: create with a TTL, tear down completely, reap the expired.",
                   invoke_without_command=True, callback=usage_without_command)

@@ -4,7 +4,7 @@ from typing import NoReturn
 
 import typer
 
-from infra.validation import one_line
+from gpuyard.infra.validation import one_line
 
 USAGE_EXIT = 2
 

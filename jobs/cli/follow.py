@@ -2,7 +2,7 @@
 
 ``submit`` takes every ``gpuyard render`` option and the command after ``--``, renders one job (a new name for
 each submission unless ``--name``) and creates it; the others find the team's jobs by gpuyard's labels.
-What the user typed is checked first (exit 2), then the cluster (exit 1, one line: ``jobs.cli.cluster``).
+What the user typed is checked first (exit 2), then the cluster (exit 1, one line: ``gpuyard.jobs.cli.cluster``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 import typer
 import yaml
 
-from infra.config import ConfigError, load_stack
-from jobs.cli.cluster import ClusterError, Jobs, kubeconfig_path, kubectl_for
-from jobs.cli.errors import fail
-from jobs.cli.options import count, number, stack_option
-from jobs.cli.render import render_command
+from gpuyard.infra.config import ConfigError, load_stack
+from gpuyard.jobs.cli.cluster import ClusterError, Jobs, kubeconfig_path, kubectl_for
+from gpuyard.jobs.cli.errors import fail
+from gpuyard.jobs.cli.options import count, number, stack_option
+from gpuyard.jobs.cli.render import render_command
 
 MAX_WAIT_SECONDS = 3600
 RENDER_ONLY = ("-o", "--output", "-d", "--output-dir", "--all", "--explain")
@@ -135,7 +135,7 @@ def status_lines(job: dict) -> list[str]:
 
 def list_command(stack: str = STACK, team: str = TEAM, kubeconfig: Path | None = KUBECONFIG) -> None:
     """The team's jobs, oldest first: name, kind, phase, created."""
-    from sim.submit import job_phase
+    from gpuyard.sim.submit import job_phase
 
     jobs = team_jobs(stack, team, kubeconfig)
     try:

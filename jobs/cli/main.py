@@ -1,4 +1,4 @@
-"""Entry point of the ``gpuyard`` command: assembles the commands each module of ``jobs.cli`` defines."""
+"""Entry point of the ``gpuyard`` command: assembles the commands each module of ``gpuyard.jobs.cli`` defines."""
 
 import os
 import signal
@@ -7,11 +7,11 @@ import traceback
 
 import typer
 
-from infra.validation import one_line
-from jobs.cli import demo, env, follow, images, plan, render, sim
-from jobs.cli.errors import USAGE_EXIT, usage_without_command
-from jobs.cli.options import gpuyard_version
-from jobs.processes import interrupt_on_sigterm
+from gpuyard.infra.validation import one_line
+from gpuyard.jobs.cli import demo, env, follow, images, plan, render, sim
+from gpuyard.jobs.cli.errors import USAGE_EXIT, usage_without_command
+from gpuyard.jobs.cli.options import gpuyard_version
+from gpuyard.jobs.processes import interrupt_on_sigterm
 
 INTERRUPTED = 128 + signal.SIGINT
 TRACEBACK_ENV = "GPUYARD_TRACEBACK"  # set to see the traceback of an unexpected error

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import typer
 
-from infra.config import ConfigError, available_stacks, stack_file
-from jobs.cli.errors import fail
+from pydantic import ValidationError
+
+from gpuyard.infra.config import ConfigError, StackConfig, available_stacks, stack_file
+from gpuyard.jobs.cli.errors import fail
 
 INTEGER = re.compile(r"[-+]?[0-9]{1,30}")
 DECIMAL = re.compile(r"[-+]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})([eE][-+]?[0-9]{1,3})?")
@@ -136,3 +138,23 @@ def provenance(stack: str) -> str:
     """The comment every rendered file starts with: stack, gpuyard version, the command line."""
     command = shlex.join(["gpuyard", *sys.argv[1:]])
     return f"# Rendered by gpuyard {gpuyard_version()} from stack {stack}: {command}\n"
+
+
+def with_registry(config: StackConfig, registry: str) -> StackConfig:
+    """``config`` with ``--registry`` as its gpuyard:image_registry, checked as the stack file's value is."""
+    try:
+        return StackConfig.model_validate({**config.model_dump(), "image_registry": registry})
+    except ValidationError:
+        fail(f"--registry {registry!r}: not a registry prefix (like 127.0.0.1:5000/gpuyard-dev or "
+             "<account>.dkr.ecr.<region>.amazonaws.com/<cluster>)")
+
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user typed the option of parameter ``name`` (not its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def flag_of(ctx: typer.Context, name: str) -> str:
+    """The option parameter ``name`` is typed as (its first spelling)."""
+    return next(param.opts[0] for param in ctx.command.params if param.name == name)

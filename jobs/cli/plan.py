@@ -6,9 +6,9 @@ import json
 
 import typer
 
-from infra.config import ConfigError
-from jobs.cli.errors import fail
-from jobs.cli.options import stack_option
+from gpuyard.infra.config import ConfigError
+from gpuyard.jobs.cli.errors import fail
+from gpuyard.jobs.cli.options import stack_option
 
 
 def plan_command(
@@ -18,7 +18,7 @@ def plan_command(
 ) -> None:
     """Run the real Pulumi program with mocks and show it like `pulumi preview`: every resource by type and name,
     the policy pack's verdicts, `+ N to create` (no cloud, no Pulumi CLI). Exit 1 on a policy violation."""
-    from infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
+    from gpuyard.infra.plan import format_preview, plan, policy_verdicts  # the Pulumi SDKs load only when planning
 
     try:
         resources = plan(stack).resources

@@ -14,17 +14,17 @@ from datetime import timedelta
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 
-from infra.config import ConfigError, StackConfig, Team, load_stack
-from infra.image_reference import check_image_reference
-from infra.images import NoImageRegistry
-from jobs.cli.errors import fail
-from jobs.cli.options import OutputFormat, checked_output_dir, count, number, provenance, stack_option
-from jobs.duration import DurationError, parse_duration
-from jobs.placement import place
-from jobs.render import default_specs, render_specs, to_yaml, write_manifests
-from jobs.spec import (
+from gpuyard.infra.config import ConfigError, StackConfig, Team, load_stack
+from gpuyard.infra.image_reference import check_image_reference
+from gpuyard.infra.images import NoImageRegistry
+from gpuyard.jobs.cli.errors import fail
+from gpuyard.jobs.cli.options import (OutputFormat, checked_output_dir, count, flag_of, given, number, provenance,
+                                      stack_option, with_registry)
+from gpuyard.jobs.duration import DurationError, parse_duration
+from gpuyard.jobs.placement import place
+from gpuyard.jobs.render import default_specs, render_specs, to_yaml, write_manifests
+from gpuyard.jobs.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GPUS_PER_NODE,
     DEFAULT_NODES,
@@ -182,16 +182,16 @@ def render_command(
         if value is not None and not value.strip():
             fail(f"{flag} is empty: " + ("name a team" if flag == "--team" else "leave it out for the default"))
     if all_:
-        given = [_flag(ctx, param) for param in SIZING if _given(ctx, param)]
-        if given:
-            fail(f"--all renders every team and kind at the default sizes and images: drop {given[0]}")
+        typed = [flag_of(ctx, param) for param in SIZING if given(ctx, param)]
+        if typed:
+            fail(f"--all renders every team and kind at the default sizes and images: drop {typed[0]}")
         if command is not None:
             fail(f"--all renders the reference trainer: drop the command after -- ({shlex.join(command) or 'empty'})")
     elif not team or not kind:
         fail("--team and --kind are required (or --all)")
     if explain and (all_ or out_dir is not None):
         fail("--explain explains one job: drop --all/--output-dir")
-    if command is not None and _given(ctx, "epochs"):
+    if command is not None and given(ctx, "epochs"):
         fail("--epochs is the reference trainer's: pass your command its own arguments after --")
     if efa and not gpus_per_node:
         fail("--efa needs GPU nodes (--gpus-per-node > 0)")
@@ -205,7 +205,7 @@ def render_command(
     except ConfigError as error:
         fail(str(error))
     if registry is not None:
-        config = _with_registry(config, registry)
+        config = with_registry(config, registry)
     try:
         if all_:
             specs = default_specs(config)
@@ -240,23 +240,23 @@ def render_command(
 
 def _explain(config: StackConfig, spec, output: OutputFormat, kubeconfig: Path | None) -> None:
     """Where the job lands and what it costs; the team's queue on the cluster when there is one."""
-    from jobs.preflight import describe, landing
+    from gpuyard.jobs.preflight import describe, landing
 
     land = landing(config, spec)
     queue = _queue(config, land.queue, kubeconfig) if kubeconfig else None
     if output is OutputFormat.json:
         typer.echo(json.dumps({**land.as_dict(), "queue_state": queue}, indent=2))
         return
-    from sim.queues import describe_queue
+    from gpuyard.sim.queues import describe_queue
 
     lines = describe(land) + (describe_queue(queue) if queue else ["  queue: no cluster (--kubeconfig or KUBECONFIG)"])
     typer.echo("\n".join(lines))
 
 
 def _queue(config: StackConfig, queue: str, kubeconfig: Path) -> dict:
-    from sim.cluster import Sim
-    from sim.kube import Kubectl, KubectlError
-    from sim.queues import queue_state
+    from gpuyard.sim.cluster import Sim
+    from gpuyard.sim.kube import Kubectl, KubectlError
+    from gpuyard.sim.queues import queue_state
 
     if not kubeconfig.is_file():
         fail(f"--kubeconfig {kubeconfig}: no such file")
@@ -268,24 +268,6 @@ def _queue(config: StackConfig, queue: str, kubeconfig: Path) -> dict:
         return queue_state(Kubectl(binary, kubeconfig), queue)
     except KubectlError as error:
         fail(f"queue {queue} on the cluster of {kubeconfig}: {error}", 1)
-
-
-def _with_registry(config: StackConfig, registry: str) -> StackConfig:
-    """``config`` with ``--registry`` as its gpuyard:image_registry, checked as the stack file's value is."""
-    try:
-        return StackConfig.model_validate({**config.model_dump(), "image_registry": registry})
-    except ValidationError:
-        fail(f"--registry {registry!r}: not a registry prefix (like 127.0.0.1:5000/gpuyard-dev or "
-             "<account>.dkr.ecr.<region>.amazonaws.com/<cluster>)")
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name != "DEFAULT"
-
-
-def _flag(ctx: typer.Context, name: str) -> str:
-    return next(param.opts[0] for param in ctx.command.params if param.name == name)
 
 
 def _team(config: StackConfig, name: str) -> Team:

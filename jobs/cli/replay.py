@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from infra.config import ConfigError, StackConfig, load_stack
-from jobs.cli.errors import fail, usage_without_command
+from gpuyard.infra.config import ConfigError, StackConfig, load_stack
+from gpuyard.jobs.cli.errors import fail, usage_without_command
 
 trace_app = typer.Typer(help="Traces of gangs for `gpuyard sim replay` (JSON Lines on stdout).",
                         invoke_without_command=True, callback=usage_without_command)
@@ -35,11 +35,11 @@ def replay_command(
 ) -> None:
     """Replay TRACE on a fresh simulated cluster with Karpenter for each --stack, then report per team: waits,
     reclaim evictions, GPU-hours, idle GPU-hours, utilization and cost."""
-    from sim.build import BuildError, go_available
-    from sim.cluster import Sim
-    from sim.paths import state_dir
-    from sim.replay import consolidation, run
-    from sim.trace import TraceError, read_trace
+    from gpuyard.sim.build import BuildError, go_available
+    from gpuyard.sim.cluster import Sim
+    from gpuyard.sim.paths import state_dir
+    from gpuyard.sim.replay import consolidation, run
+    from gpuyard.sim.trace import TraceError, read_trace
 
     if not trace.is_file():
         fail(f"TRACE {trace}: no such file")
@@ -106,7 +106,7 @@ def synthetic(
     mean_hours: float = typer.Option(2.0, "--mean-hours", min=0.01, max=1000, help="Mean gang duration."),
 ) -> None:
     """A synthetic trace: Poisson arrivals, teams by weight, shapes and kinds uniformly, exponential durations."""
-    from sim.trace import synthetic_trace, write_trace
+    from gpuyard.sim.trace import synthetic_trace, write_trace
 
     try:
         drawn = tuple(tuple(int(n) for n in shape.split("x")) for shape in shapes.split(","))
@@ -126,10 +126,10 @@ def history(
     speed: float = typer.Option(1.0, "--speed", min=1, help="Multiply times by this (a replay's speed)."),
 ) -> None:
     """A trace from a cluster's own history: its PyTorchJobs, MPIJobs and Volcano Jobs that ran."""
-    from sim.cluster import Sim
-    from sim.kube import Kubectl, KubectlError
-    from sim.report import everywhere
-    from sim.trace import JOB_RESOURCES, cluster_history, write_trace
+    from gpuyard.sim.cluster import Sim
+    from gpuyard.sim.kube import Kubectl, KubectlError
+    from gpuyard.sim.report import everywhere
+    from gpuyard.sim.trace import JOB_RESOURCES, cluster_history, write_trace
 
     config = _config(stack)
     if not kubeconfig.is_file():

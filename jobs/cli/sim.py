@@ -12,10 +12,10 @@ from pathlib import Path
 import typer
 import yaml
 
-from infra.config import ConfigError, load_stack
-from jobs.cli import replay
-from jobs.cli.errors import fail, usage_without_command
-from jobs.cli.options import number, stack_option
+from gpuyard.infra.config import ConfigError, load_stack
+from gpuyard.jobs.cli import replay
+from gpuyard.jobs.cli.errors import fail, usage_without_command
+from gpuyard.jobs.cli.options import number, stack_option
 
 app = typer.Typer(help="A simulated cluster: the real control plane, Volcano and operators on kwok GPU nodes.",
                   invoke_without_command=True, callback=usage_without_command)
@@ -28,8 +28,8 @@ app.add_typer(replay.trace_app, name="trace")
 
 
 def _sim(stack: str, karpenter: bool = False, needs_go: bool = False, monitoring: bool = False, real_nodes: int = 0):
-    from sim.build import go_available
-    from sim.cluster import Sim
+    from gpuyard.sim.build import go_available
+    from gpuyard.sim.cluster import Sim
 
     if needs_go and not go_available():
         fail("gpuyard sim builds its components with Go: no `go` on PATH", 1)
@@ -55,8 +55,8 @@ def up(
                                          "needs root and cgroup v1."),
 ) -> None:
     """Build what is missing (cached) and start the simulated cluster; does nothing if it already runs."""
-    from sim.build import BuildError
-    from sim.cluster import NotOurs
+    from gpuyard.sim.build import BuildError
+    from gpuyard.sim.cluster import NotOurs
 
     try:
         kubeconfig = _sim(stack, karpenter, needs_go=True, monitoring=with_monitoring, real_nodes=int(real_nodes)).up(
@@ -87,8 +87,8 @@ def registry(stack: str = STACK) -> None:
 @app.command("images")
 def images(stack: str = STACK) -> None:
     """Build the job images (cached by their inputs) on bases made here and push them to the sim's registry."""
-    from sim.buildkit import BuildFailed
-    from sim.images import build_images
+    from gpuyard.sim.buildkit import BuildFailed
+    from gpuyard.sim.images import build_images
 
     sim = _sim(stack)
     found = sim.registry() if sim.running() else None
@@ -105,7 +105,7 @@ def images(stack: str = STACK) -> None:
 @app.command("status")
 def status(stack: str = STACK, as_json: bool = typer.Option(False, "--json", help="Status as JSON.")) -> None:
     """Whether the simulated cluster runs, its processes, nodes by pool and PodGroups by queue."""
-    from sim.report import cluster_report
+    from gpuyard.sim.report import cluster_report
 
     sim = _sim(stack)
     report = sim.status()
@@ -142,7 +142,7 @@ def _echo_cluster(report: dict) -> None:
 @app.command("down")
 def down(stack: str = STACK) -> None:
     """Stop every process of the simulated cluster and remove its state folder (only one `sim up` made)."""
-    from sim.cluster import NotOurs
+    from gpuyard.sim.cluster import NotOurs
 
     try:
         _sim(stack).down()
@@ -183,7 +183,7 @@ def submit(
                                help=f"Seconds to wait for the gang to run, 0 to {MAX_WAIT_SECONDS}."),
 ) -> None:
     """Server-side apply, then follow each job until its gang runs (exit 0) or fails or times out (exit 1)."""
-    from sim.submit import SubmitFailed, submit as submit_jobs
+    from gpuyard.sim.submit import SubmitFailed, submit as submit_jobs
 
     for path in files:
         checked_manifests(path)

@@ -4,5 +4,5 @@ torchrun runs the command itself; mpirun runs it through ``mpi_rank`` (torchrun'
 mpirun's); a RayJob through ``ray_entry`` (one process per Ray Train worker).
 """
 
-MPI_RANK_MODULE = "jobs.command.mpi_rank"
-RAY_ENTRY_MODULE = "jobs.command.ray_entry"
+MPI_RANK_MODULE = "gpuyard.jobs.command.mpi_rank"
+RAY_ENTRY_MODULE = "gpuyard.jobs.command.ray_entry"

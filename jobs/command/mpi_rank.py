@@ -1,11 +1,11 @@
 """One MPI rank of the user's command, with the variables torchrun would have set.
 
-    mpirun ... python3 -m jobs.command.mpi_rank SCRIPT.py ARGS...    (or -m MODULE ARGS...)
+    mpirun ... python3 -m gpuyard.jobs.command.mpi_rank SCRIPT.py ARGS...    (or -m MODULE ARGS...)
 
 mpirun gives each rank ``OMPI_COMM_WORLD_*``; a script written for torchrun reads ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (and ``MASTER_ADDR``/``MASTER_PORT``, which the
 templates export with ``-x``) and calls ``init_process_group("env://")``. This checks mpirun's values
-(``jobs.workload.dist.launcher_env``), sets torchrun's and replaces itself with ``python3 COMMAND``, so
+(``gpuyard.jobs.workload.dist.launcher_env``), sets torchrun's and replaces itself with ``python3 COMMAND``, so
 the rank's process is the user's: its signals and exit status are the rank's.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jobs.workload.dist import LaunchError, launcher_env
+from gpuyard.jobs.workload.dist import LaunchError, launcher_env
 
 
 def torchrun_variables(environ: dict[str, str]) -> dict[str, str]:

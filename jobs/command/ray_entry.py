@@ -1,9 +1,9 @@
 """The Ray entry for the user's own command: one process per Ray Train worker, as torchrun would start it.
 
-    python -m jobs.command.ray_entry --num-workers N [--use-gpu] [--max-restarts N] [--grace-period S] \
+    python -m gpuyard.jobs.command.ray_entry --num-workers N [--use-gpu] [--max-restarts N] [--grace-period S] \
         -- SCRIPT.py ARGS...    (or -- -m MODULE ARGS...)
 
-The reference entry (``jobs.workload.ray_entry``) runs the trainer inside the Ray Train workers; a user's
+The reference entry (``gpuyard.jobs.workload.ray_entry``) runs the trainer inside the Ray Train workers; a user's
 script instead runs as a child of each worker, with torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and a ``MASTER_ADDR``/``MASTER_PORT`` of its own: rank 0's node and a
 free port there, which rank 0 sends over the process group Ray Train has set up (whose store keeps its own
@@ -11,9 +11,9 @@ port). Every rank's lines reach the driver, prefixed ``[rank N]``, so ``ray job 
 show them.
 
 Stops and retries are the reference entry's (its ``Driver``): a SIGTERM to the driver or a leaving pod's
-preStop hook (``jobs.workload.ray_stop``) sets the stop flag, each worker passes SIGTERM to its child
+preStop hook (``gpuyard.jobs.workload.ray_stop``) sets the stop flag, each worker passes SIGTERM to its child
 and the flag reads "stopped" once every child has exited (the script saves on SIGTERM, by the contract).
-The attempt's status is the workers' as under ``jobs.workload.torchrun``: the highest failed status,
+The attempt's status is the workers' as under ``gpuyard.jobs.workload.torchrun``: the highest failed status,
 where a stopped or lost rank (128 or more, or a worker group that failed) reads 143, "retry", and the
 driver runs the command again (at most ``--max-restarts`` times); 1 and 2 stay final.
 """
@@ -29,9 +29,9 @@ import sys
 import threading
 from typing import Any
 
-from infra.conventions import EXIT_RETRYABLE
-from jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, Driver
-from jobs.workload.torchrun import worker_status
+from gpuyard.infra.conventions import EXIT_RETRYABLE
+from gpuyard.jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, Driver
+from gpuyard.jobs.workload.torchrun import worker_status
 
 
 def _free_port() -> int:
@@ -109,7 +109,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         sys.stderr.write("ray_entry: error: give the command after --: SCRIPT.py ARGS... or -m MODULE ARGS...\n")
         raise SystemExit(2)
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m jobs.command.ray_entry")
+    parser = argparse.ArgumentParser(prog="python -m gpuyard.jobs.command.ray_entry")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--max-restarts", type=int, default=0)

@@ -40,7 +40,7 @@ import botocore.config
 import botocore.exceptions
 from botocore.exceptions import ClientError
 
-from infra.conventions import LABEL_NODEPOOL, TAG_STACK
+from gpuyard.infra.conventions import LABEL_NODEPOOL, TAG_STACK
 
 Tags = Mapping[str, str]
 Described = dict[str, tuple[dict[str, str], str]]  # id -> (tags, state, or the name or path a check needs)

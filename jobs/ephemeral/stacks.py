@@ -23,13 +23,13 @@ from typing import Any
 from pulumi import automation as auto
 from pydantic import ValidationError
 
-from infra.config import (MAX_BUCKET_NAME, RULES, Lease, default_checkpoint_bucket, load_stack, parse_stack,
+from gpuyard.infra.config import (MAX_BUCKET_NAME, RULES, Lease, default_checkpoint_bucket, load_stack, parse_stack,
                           stack_file)
-from infra.conventions import LABEL_NODEPOOL
-from infra.stack_file import STACK_NAME_RULE, StackFileError, check_stack_name, read_config
-from infra.validation import validation_message
-from jobs.ephemeral.cleanup import Cleaner, CleanupError, Report
-from jobs.ephemeral.ttl import format_expiry
+from gpuyard.infra.conventions import LABEL_NODEPOOL
+from gpuyard.infra.stack_file import STACK_NAME_RULE, StackFileError, check_stack_name, read_config
+from gpuyard.infra.validation import validation_message
+from gpuyard.jobs.ephemeral.cleanup import Cleaner, CleanupError, Report
+from gpuyard.jobs.ephemeral.ttl import format_expiry
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]  # holds Pulumi.yaml
 TEMPLATE_STACK = "ephemeral"

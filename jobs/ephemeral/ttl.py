@@ -1,10 +1,10 @@
-"""Lease arithmetic: TTLs (``jobs.duration`` forms), ISO-8601 UTC expiry stamps, time left."""
+"""Lease arithmetic: TTLs (``gpuyard.jobs.duration`` forms), ISO-8601 UTC expiry stamps, time left."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from jobs.duration import parse_duration
+from gpuyard.jobs.duration import parse_duration
 
 MIN_TTL = timedelta(minutes=1)
 MAX_TTL = timedelta(days=30)

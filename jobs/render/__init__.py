@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import StackConfig, Team
-from infra.signals import signals_deferred
-from jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
-from jobs.placement import place, stack_pools
-from jobs.spec import JobSpec, Kind, build_spec, stack_kinds
+from gpuyard.infra.config import StackConfig, Team
+from gpuyard.infra.signals import signals_deferred
+from gpuyard.jobs.render import mpijob, pytorchjob, rayjob, trainjob, volcanojob
+from gpuyard.jobs.placement import place, stack_pools
+from gpuyard.jobs.spec import JobSpec, Kind, build_spec, stack_kinds
 
 RENDERERS: dict[Kind, Callable[[JobSpec, Team], dict]] = {
     "pytorchjob": pytorchjob.render,

@@ -1,7 +1,7 @@
 """Gang scheduling on Volcano: the Kubeflow ``runPolicy`` both Training and MPI operators read."""
 
-from infra.config import Team
-from jobs.spec import JobSpec
+from gpuyard.infra.config import Team
+from gpuyard.jobs.spec import JobSpec
 
 
 def run_policy(spec: JobSpec, team: Team, min_available: int, backoff_limit: int) -> dict:

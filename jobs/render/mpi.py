@@ -7,10 +7,10 @@ Remote ranks start from sshd with a clean environment, so mpirun exports the
 rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
 """
 
-from jobs.command import MPI_RANK_MODULE
-from jobs.render.pod import container, helper_resources, metrics_port, trainer_env, trainer_resources
-from jobs.spec import JobSpec
-from jobs.workload.args import LAUNCH_MODULE
+from gpuyard.jobs.command import MPI_RANK_MODULE
+from gpuyard.jobs.render.pod import container, helper_resources, metrics_port, trainer_env, trainer_resources
+from gpuyard.jobs.spec import JobSpec
+from gpuyard.jobs.workload.args import LAUNCH_MODULE
 
 SSH_DIR = "/home/gpuyard/.ssh"
 SSH_PORT = 2222
@@ -47,7 +47,7 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
 
 def rank_program(spec: JobSpec) -> list[str]:
     """What each rank's python runs: the reference trainer reads mpirun's ranks itself, a user's command gets
-    torchrun's variables through ``jobs.command.mpi_rank``."""
+    torchrun's variables through ``gpuyard.jobs.command.mpi_rank``."""
     if spec.user_command:
         return ["-m", MPI_RANK_MODULE, *spec.program]
     return list(spec.program)
@@ -68,7 +68,7 @@ def wait_for_sshd(hosts: list[str], port: int = SSH_PORT, seconds: int = SSHD_WA
 
 
 def supervised(command: list[str], restarts: int = 0, hosts: list[str] | None = None) -> list[str]:
-    """``command`` under ``jobs.workload.launch``: a SIGTERM exits 143, not mpirun's 1; with ``restarts`` a retryable
+    """``command`` under ``gpuyard.jobs.workload.launch``: a SIGTERM exits 143, not mpirun's 1; with ``restarts`` a retryable
     status reruns it once every host's sshd answers again (at most SSHD_WAIT_SECONDS)."""
     options = []
     if restarts:

@@ -10,19 +10,19 @@ Retries: MPI Operator v0.8.0 runs the launcher in a batch/v1 Job with the MPIJob
 mpi_job_controller.go ``newLauncherJob``; the v2beta1 API has none), so the Job would rerun any failed
 launcher pod whatever its exit status: a diverged run (exit 1) as much as a stopped one (143). So the
 launcher Job gets ``backoffLimit: 0`` and ``restartPolicy: Never``, and its mpirun runs under
-``jobs.workload.launch``, which reruns it only after a retryable status (128 or more: a stopped or lost
+``gpuyard.jobs.workload.launch``, which reruns it only after a retryable status (128 or more: a stopped or lost
 rank, or 205, mpirun's status for a lost worker node) up to ``max_restarts`` times, once every
 worker's sshd answers again (the operator recreates a deleted worker pod). Exit 1 or 2 fails the MPIJob
 at once. What the operator itself does about an evicted worker (it marks the MPIJob Failed,
 ``updateMPIJobStatus``) needs real nodes to observe.
 """
 
-from infra.config import Team
-from infra.conventions import SCHEDULER_NAME
-from jobs.render.gang import run_policy
-from jobs.render.mpi import SSH_DIR, launcher_container, worker_container
-from jobs.render.pod import helper_pod, metadata, trainer_pod
-from jobs.spec import JobSpec
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import SCHEDULER_NAME
+from gpuyard.jobs.render.gang import run_policy
+from gpuyard.jobs.render.mpi import SSH_DIR, launcher_container, worker_container
+from gpuyard.jobs.render.pod import helper_pod, metadata, trainer_pod
+from gpuyard.jobs.spec import JobSpec
 
 API_VERSION = "kubeflow.org/v2beta1"
 

@@ -9,10 +9,18 @@ labels and ask Karpenter not to disrupt them while the gang runs.
 
 from __future__ import annotations
 
-from infra.config import Team
-from infra.conventions import (
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
+    EFA_ENV,
+    EFA_NO_HUGE_PAGES_ENV,
     EFA_RESOURCE,
+    ENV_CHECKPOINT_URI,
+    ENV_DATA_URI,
+    ENV_GRACE_PERIOD_SECONDS,
+    ENV_JOB_NAME,
+    ENV_METRICS_PORT,
+    ENV_TEAM,
     GRACE_PERIOD_SECONDS,
     GPU_RESOURCE,
     HUGEPAGES_EFA,
@@ -20,44 +28,29 @@ from infra.conventions import (
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
     GPU_TAINT_VALUE,
-    LABEL_CAPACITY_TYPE,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_INSTANCE_FAMILY,
     LABEL_JOB,
     LABEL_MANAGED_BY,
     LABEL_NAME,
-    LABEL_NODE_GROUP,
-    LABEL_NODEPOOL,
     LABEL_PART_OF,
     LABEL_TEAM,
     METRICS_PORT,
     METRICS_PORT_NAME,
+    NCCL_ENV,
     NODEPOOL_CPU,
     PART_OF,
+    SHM_PATH,
+    SHM_VOLUME,
     container_security,
+    node_selector,
     pod_security,
 )
-from jobs.command import contract
-from jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
-
-SHM_VOLUME = "dshm"
-SHM_PATH = "/dev/shm"
+from gpuyard.jobs.spec import HELPER_CPU, HELPER_MEMORY_GIB, JobSpec
 
 # On the job object, for people and tools looking for a job's checkpoints.
 ANNOTATION_CHECKPOINT_URI = "gpuyard.io/checkpoint-uri"
-
-NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-# EFA jobs fail fast instead of training over TCP sockets. NCCL_NET names the network NCCL must use; when it
-# cannot load it, NCCL fails instead of falling back to its socket transport (NCCL user guide, env.html
-# #nccl-net). "AWS Libfabric" is the name aws-ofi-nccl registers; FI_PROVIDER=efa restricts libfabric to the
-# EFA provider, so a node without EFA devices fails at init too. GPUDirect RDMA where the instance has it.
-EFA_ENV = {
-    "NCCL_NET": "AWS Libfabric",
-    "FI_PROVIDER": "efa",
-    "FI_EFA_USE_DEVICE_RDMA": "1",
-    "FI_EFA_FORK_SAFE": "1",
-}
 
 
 def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
@@ -109,13 +102,15 @@ def rank_grace_seconds(spec: JobSpec) -> int:
 
 
 def contract_env(spec: JobSpec) -> dict[str, str]:
-    """The job's contract with its processes (``jobs.command.contract``), the same in every kind."""
+    """The job's contract with its processes (``gpuyard.infra.conventions.CONTRACT_VARIABLES``), the same in every
+    kind."""
     return {
-        contract.JOB_NAME: spec.name,
-        contract.TEAM: spec.team,
-        contract.CHECKPOINT_URI: spec.checkpoint_uri,
-        contract.GRACE_PERIOD_SECONDS: str(rank_grace_seconds(spec)),
-        contract.METRICS_PORT: str(METRICS_PORT),
+        ENV_JOB_NAME: spec.name,
+        ENV_TEAM: spec.team,
+        ENV_CHECKPOINT_URI: spec.checkpoint_uri,
+        ENV_GRACE_PERIOD_SECONDS: str(rank_grace_seconds(spec)),
+        ENV_METRICS_PORT: str(METRICS_PORT),
+        ENV_DATA_URI: spec.data_uri,
     }
 
 
@@ -127,8 +122,8 @@ def trainer_env(spec: JobSpec) -> dict[str, str]:
         env.update(NCCL_ENV)
     if spec.efa_devices:
         env.update(EFA_ENV)
-        if not spec.node_group:  # no huge pages reserved on Karpenter nodes: libfabric uses regular pages
-            env["FI_EFA_USE_HUGE_PAGE"] = "0"
+        if not spec.node_group:
+            env.update(EFA_NO_HUGE_PAGES_ENV)
     env.update(shutdown_env(spec))
     env.update(contract_env(spec))
     env.update(spec.env)
@@ -145,7 +140,7 @@ def _quantity_cpu(cpu: float) -> str:
 
 def trainer_resources(spec: JobSpec) -> dict:
     """Guaranteed QoS: requests = limits, GPUs and EFA devices included; EFA pods on managed node groups
-    also reserve libfabric's huge pages (Karpenter cannot size nodes for them: infra.conventions)."""
+    also reserve libfabric's huge pages (Karpenter cannot size nodes for them: gpuyard.infra.conventions)."""
     amounts = {"cpu": _quantity_cpu(spec.cpu), "memory": f"{spec.memory_gib}Gi"}
     if spec.gpus_per_node:
         amounts[GPU_RESOURCE] = str(spec.gpus_per_node)
@@ -197,15 +192,9 @@ def gpu_tolerations(spec: JobSpec) -> list[dict]:
     return [{"key": GPU_TAINT_KEY, "operator": "Equal", "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT}]
 
 
-def node_selector(node_pool: str, capacity_type: str) -> dict[str, str]:
-    return {LABEL_NODEPOOL: node_pool, LABEL_CAPACITY_TYPE: capacity_type}
-
-
 def trainer_node_selector(spec: JobSpec) -> dict[str, str]:
     """A managed node group by its label, or a NodePool and capacity type, pinned to one instance family."""
-    if spec.node_group:
-        return {LABEL_NODE_GROUP: spec.node_pool}
-    selector = node_selector(spec.node_pool, spec.capacity_type)
+    selector = node_selector(spec.node_pool, spec.capacity_type, node_group=spec.node_group)
     if spec.instance_family:
         selector[LABEL_INSTANCE_FAMILY] = spec.instance_family
     return selector

@@ -9,19 +9,19 @@ Retries: every replica has ``restartPolicy: ExitCode``. Training Operator v1.9.0
 (kubeflow/training-operator, pkg/controller.v1/common/pod.go ``ReconcilePods`` with
 pkg/util/train/train_util.go ``IsRetryableExitCode``) deletes and recreates a pod whose container
 ``pytorch`` failed with 128-255 and fails the job for 1-127; pods get ``restartPolicy: Never``
-(pkg/core/pod.go ``SetRestartPolicy``). torchrun runs as ``jobs.workload.torchrun``, whose status is its
+(pkg/core/pod.go ``SetRestartPolicy``). torchrun runs as ``gpuyard.jobs.workload.torchrun``, whose status is its
 workers' (torchrun's own is 1 for any failure), with ``--max-restarts=0``: torchrun restarts after any
 failure whatever its status, so the operator alone retries, reading the status. The operator's
 ``runPolicy.backoffLimit`` sums the container restarts of running pods (pkg/core/job.go
 ``PastBackoffLimit``): it never counts these re-creations, so a retryable status is retried without bound.
 """
 
-from infra.config import Team
-from infra.conventions import SCHEDULER_NAME
-from jobs.render.gang import run_policy
-from jobs.render.pod import container, metadata, metrics_port, trainer_env, trainer_pod, trainer_resources
-from jobs.spec import JobSpec
-from jobs.workload.args import TORCHRUN_MODULE
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import SCHEDULER_NAME
+from gpuyard.jobs.render.gang import run_policy
+from gpuyard.jobs.render.pod import container, metadata, metrics_port, trainer_env, trainer_pod, trainer_resources
+from gpuyard.jobs.spec import JobSpec
+from gpuyard.jobs.workload.args import TORCHRUN_MODULE
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "pytorch"  # the operator injects its env only into the container with this name

@@ -1,6 +1,6 @@
 """RayJob (KubeRay ``ray.io/v1``): a CPU head and one GPU worker group run the Ray Train entry.
 
-KubeRay, run with --batch-scheduler=volcano (infra.operators), gang-schedules the cluster on Volcano
+KubeRay, run with --batch-scheduler=volcano (gpuyard.infra.operators), gang-schedules the cluster on Volcano
 with the queue from the job's ``volcano.sh/queue-name`` label and the priority class from
 ``ray.io/priority-class-name``; the worker group is fixed-size so the gang is head + ``nodes`` workers.
 Ray's own metrics stay on 8080 so the trainer's ``metrics`` port (9464) is the trainer's.
@@ -24,10 +24,10 @@ import shlex
 
 import yaml
 
-from infra.config import Team
-from infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECONDS, SCHEDULER_NAME
-from jobs.command import RAY_ENTRY_MODULE
-from jobs.render.pod import (
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECONDS, SCHEDULER_NAME
+from gpuyard.jobs.command import RAY_ENTRY_MODULE
+from gpuyard.jobs.render.pod import (
     container,
     helper_pod,
     helper_resources,
@@ -37,9 +37,9 @@ from jobs.render.pod import (
     trainer_pod,
     trainer_resources,
 )
-from jobs.spec import JobSpec
-from jobs.workload.args import RAY_STOP_MODULE
-from jobs.workload.interrupt import GraceBudget
+from gpuyard.jobs.spec import JobSpec
+from gpuyard.jobs.workload.args import RAY_STOP_MODULE
+from gpuyard.jobs.workload.interrupt import GraceBudget
 
 API_VERSION = "ray.io/v1"
 LABEL_QUEUE = "volcano.sh/queue-name"

@@ -1,26 +1,27 @@
-"""TrainJob (Kubeflow Trainer v2 ``trainer.kubeflow.org/v1alpha1``) on its team's ``torch-distributed`` runtime.
+"""TrainJob (Kubeflow Trainer v2 ``trainer.kubeflow.org/v1alpha1``) on its team's runtime for the job's pool.
 
-The team's TrainingRuntime (created by the stack in the team's namespace, infra/trainer_runtime.py) owns
-the JobSet, torchrun's rendezvous env, the Volcano PodGroup with the team's queue, the scheduler name, the
-priority class and the metrics port; the TrainJob sets the trainer (image, command, nodes, resources) and
-patches the ``node`` pods with what every gpuyard training pod carries (labels, do-not-disrupt, service
-account, grace period, placement, /dev/shm, non-root). The TrainJob API has no TTL, restart count or priority
+The team's TrainingRuntime for the pool (created by the stack in the team's namespace, infra/trainer_runtime.py)
+owns the JobSet, torchrun's rendezvous env, the Volcano PodGroup with the team's queue, the scheduler name, the
+priority class, the metrics port and the pool's pod settings (placement, grace, do-not-disrupt, /dev/shm, NCCL);
+the TrainJob sets the trainer (image, command, nodes, resources, the job's env) and patches the ``node`` pods with
+what every gpuyard training pod carries, stated whole in the manifest (labels, service account, the grace period of
+its capacity type, placement with its instance family, /dev/shm sized to the pod, non-root). The TrainJob API has no TTL, restart count or priority
 class, and Trainer v2.3.0 reads the queue from the runtime only: the runtime owns them, and the retry rule too
 (exit 1 and 2 fail the JobSet, anything else restarts it: infra/trainer_runtime.py). torchrun runs as
-``jobs.workload.torchrun``, whose exit status is its workers', with ``--max-restarts=0``.
+``gpuyard.jobs.workload.torchrun``, whose exit status is its workers', with ``--max-restarts=0``.
 """
 
-from infra.config import Team
-from infra.conventions import (
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     GRACE_PERIOD_SECONDS,
-    TRAINING_RUNTIME,
-    container_security,
-    pod_security,
-)
-from jobs.render.pod import (
     SHM_PATH,
     SHM_VOLUME,
+    container_security,
+    pod_security,
+    runtime_name,
+)
+from gpuyard.jobs.render.pod import (
     env_list,
     gpu_tolerations,
     labels,
@@ -30,11 +31,10 @@ from jobs.render.pod import (
     trainer_node_selector,
     trainer_resources,
 )
-from jobs.spec import JobSpec
-from jobs.workload.args import TORCHRUN_MODULE
+from gpuyard.jobs.spec import JobSpec
+from gpuyard.jobs.workload.args import TORCHRUN_MODULE
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
-RUNTIME = TRAINING_RUNTIME
 NODE_JOB = "node"  # the runtime's replicated job and its trainer container
 PATCH_MANAGER = "gpuyard.io/render"
 
@@ -84,7 +84,8 @@ def render(spec: JobSpec, team: Team) -> dict:
         "kind": "TrainJob",
         "metadata": meta,
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": RUNTIME},
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                           "name": runtime_name(spec.node_pool)},
             "trainer": trainer(spec),
             "runtimePatches": [{
                 "manager": PATCH_MANAGER,

@@ -10,14 +10,14 @@ job_controller_util.go ``applyPolicies``) takes the first job policy whose event
 a pod failure, with the exit code of the pod's first container (job_controller_handler.go
 ``updatePod``). So ``exitCode`` 1 and 2 (the master's mpirun passes on the trainer's status) come first
 with ``TerminateJob`` (the job cannot be resumed), then ``PodFailed``/``PodEvicted`` with ``RestartJob``.
-The master's mpirun runs under ``jobs.workload.launch``, so a SIGTERM ends it with 143, not mpirun's 1.
+The master's mpirun runs under ``gpuyard.jobs.workload.launch``, so a SIGTERM ends it with 143, not mpirun's 1.
 """
 
-from infra.config import Team
-from infra.conventions import FINAL_EXIT_CODES, SCHEDULER_NAME
-from jobs.render.mpi import SSH_DIR, launcher_container, worker_container
-from jobs.render.pod import helper_pod, metadata, trainer_pod
-from jobs.spec import JobSpec
+from gpuyard.infra.config import Team
+from gpuyard.infra.conventions import FINAL_EXIT_CODES, SCHEDULER_NAME
+from gpuyard.jobs.render.mpi import SSH_DIR, launcher_container, worker_container
+from gpuyard.jobs.render.pod import helper_pod, metadata, trainer_pod
+from gpuyard.jobs.spec import JobSpec
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
 MASTER_TASK = "mpimaster"

@@ -13,14 +13,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.validation import one_line, validation_message
+from gpuyard.infra.validation import one_line, validation_message
 
 MODELS = ("linear", "mlp")
-TRAIN_MODULE = "jobs.workload.train"
-RAY_MODULE = "jobs.workload.ray_entry"
-TORCHRUN_MODULE = "jobs.workload.torchrun"  # torchrun whose exit status is its workers'
-LAUNCH_MODULE = "jobs.workload.launch"  # mpirun under supervision (exit status, SIGTERM, bounded retries)
-RAY_STOP_MODULE = "jobs.workload.ray_stop"  # a Ray pod's preStop hook
+TRAIN_MODULE = "gpuyard.jobs.workload.train"
+RAY_MODULE = "gpuyard.jobs.workload.ray_entry"
+TORCHRUN_MODULE = "gpuyard.jobs.workload.torchrun"  # torchrun whose exit status is its workers'
+LAUNCH_MODULE = "gpuyard.jobs.workload.launch"  # mpirun under supervision (exit status, SIGTERM, bounded retries)
+RAY_STOP_MODULE = "gpuyard.jobs.workload.ray_stop"  # a Ray pod's preStop hook
 DEFAULT_GRACE_PERIOD = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 DEFAULT_LEASE_SECONDS = 60.0
 # Bounds that keep every value usable to the end of a run: the synthetic dataset takes 84 bytes a sample on every

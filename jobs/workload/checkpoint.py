@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from jobs.workload.storage import Storage, StorageError
+from gpuyard.jobs.workload.storage import Storage, StorageError
 
 Event = dict[str, Any]
 DATA, MANIFEST = ".pt", ".json"

@@ -14,19 +14,18 @@ On the storage (a local path or ``s3://bucket/prefix``), named by the global ste
 Readers trust only manifests: rank 0 takes the newest whose files are all present with their sizes and whose
 identity is this run's; every rank then reads just its part of it (DCP plans the reads from ``.metadata``, so a
 checkpoint written at another world size, or by FSDP shards, loads here: resharding). S3 goes through the S3
-Connector for PyTorch's DCP writer and reader (``s3torchconnector``: multipart uploads, ranged reads of each item in
-offset order); a local path through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not
-hashed: a shard of the right size whose bytes changed is not detected (its load fails, or it loads wrong values).
+Connector for PyTorch's DCP writer and reader (``s3torchconnector``: multipart uploads, ranged reads), subclassed in
+``s3_dcp`` to fail a save when any upload failed and to read large tensors straight into place; a local path
+through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not hashed: a shard of the right size
+whose bytes changed is not detected (its load fails, or it loads wrong values).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -36,16 +35,16 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from jobs.workload.checkpoint import CorruptCheckpoint, manifest_name, read_manifest, step_of
-from jobs.workload.storage import LocalStorage, S3Storage, Storage, StorageError
+from gpuyard.jobs.workload.checkpoint import CorruptCheckpoint, manifest_name, read_manifest, step_of
+from gpuyard.jobs.workload.storage import LocalStorage, S3Storage, Storage, StorageError
 
 Event = dict[str, Any]
 FORMAT = "dcp"
 METADATA = ".metadata"  # DCP's name for the coordinator's file (torch/distributed/checkpoint/filesystem.py)
 MANIFEST = re.compile(r"ckpt-(\d{9})\.json")
 # Objects each rank uploads at once. DCP deals a rank's items into ``thread_count`` files, each written by a thread
-# of its own (torch 2.13.0 torch/distributed/checkpoint/filesystem.py: ``_split_by_size_and_type``,
-# ``_FileSystemWriter._write_data``); s3torchconnector 1.5.0's ``S3StorageWriter`` defaults to 1
+# (torch 2.13.0 torch/distributed/checkpoint/filesystem.py: ``_split_by_size_and_type``; s3_dcp.S3ShardWriter runs
+# ``thread_count`` threads); s3torchconnector 1.5.0's ``S3StorageWriter`` defaults to 1
 # (dcp/s3_file_system.py), one multipart upload per rank that runs its parts with too little concurrency to keep up
 # with boto3's 10 threads (bench_checkpoint, 1 GB: 4 objects a rank 0.9-1.04 of boto3 where 1 was 0.77-0.84).
 S3_WRITE_STREAMS = 4
@@ -109,74 +108,25 @@ def shard_sizes(metadata: Metadata) -> dict[str, int]:
     return sizes
 
 
-def _s3_client(rank: int):
-    """The S3 Connector's client, at ``AWS_ENDPOINT_URL`` when set (path-style, as a local endpoint needs), naming
-    the rank in its User-Agent. s3torchconnector 1.5.0 ``dcp/s3_file_system.py``: ``S3FileSystem`` takes an
-    ``s3_client``; its DCP writer and reader build one without an endpoint, so ours replaces their ``fs``."""
-    from s3torchconnector import S3ClientConfig
-    from s3torchconnector._s3client import S3Client
-    from s3torchconnector._user_agent import UserAgent
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    config = S3ClientConfig(force_path_style=endpoint is not None, max_attempts=6)
-    return region, S3Client(region, endpoint=endpoint, user_agent=UserAgent([f"gpuyard-rank/{rank}"]),
-                            s3client_config=config)
-
-
 def storage_writer(storage: Storage, rank: int, pinned: bool = False):
     """DCP's writer for ``storage``; its ``checkpoint_id`` is set per save (``dcp.async_save(checkpoint_id=...)``).
     ``pinned`` keeps one staging copy in pinned memory across saves (with a GPU)."""
     if isinstance(storage, S3Storage):
-        from s3torchconnector.dcp import S3FileSystem, S3StorageWriter
+        from gpuyard.jobs.workload.s3_dcp import S3ShardWriter, s3_client
 
-        region, client = _s3_client(rank)
-        writer = S3StorageWriter(region, storage.uri, thread_count=S3_WRITE_STREAMS, cache_staged_state_dict=pinned)
-        writer.fs = S3FileSystem(region, s3_client=client)
-        return _raising_every_write_error(writer)
+        region, client = s3_client(rank)
+        return S3ShardWriter(region, storage.uri, client, S3_WRITE_STREAMS, cache_staged_state_dict=pinned)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemWriter(storage.root, sync_files=True, cache_staged_state_dict=pinned)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
 
 
-def _raising_every_write_error(writer):
-    """``writer`` whose ``write_data`` raises if any of its files failed. With ``thread_count`` > 1 DCP writes all
-    but one file on threads whose exceptions it drops: the thread dies, its files' results are missing and the save
-    returns as if done (torch 2.13.0 torch/distributed/checkpoint/filesystem.py, ``_write_files_from_queue`` catches
-    only ``queue.Empty``; ``_FileSystemWriter._write_data`` joins the threads and returns what the queue holds)."""
-    errors: list[BaseException] = []
-    create_stream, write_data = writer.fs.create_stream, writer.write_data
-
-    @contextmanager
-    def recording(path, mode):
-        try:
-            with create_stream(path, mode) as stream:
-                yield stream
-        except BaseException as error:
-            errors.append(error)
-            raise
-
-    def checked(plan, planner):
-        errors.clear()
-        done = write_data(plan, planner)
-        if errors:
-            raise errors[0]
-        return done
-
-    writer.fs.create_stream, writer.write_data = recording, checked
-    return writer
-
-
 def storage_reader(storage: Storage, rank: int):
     if isinstance(storage, S3Storage):
-        from s3torchconnector import S3ReaderConstructor
-        from s3torchconnector.dcp import S3FileSystem, S3StorageReader
+        from gpuyard.jobs.workload.s3_dcp import S3ShardReader, s3_client
 
-        region, client = _s3_client(rank)
-        ranges = S3ReaderConstructor.dcp_optimized()  # the reader's default: each file's items in offset order
-        reader = S3StorageReader(region, storage.uri, reader_constructor=ranges)
-        reader.fs = S3FileSystem(region, s3_client=client, reader_constructor=ranges)
-        return reader
+        region, client = s3_client(rank)
+        return S3ShardReader(region, storage.uri, client)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemReader(storage.root)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")

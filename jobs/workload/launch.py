@@ -1,6 +1,6 @@
 """A launcher under supervision: its exit status read as the trainer's, a SIGTERM passed on, retries bounded.
 
-    python -m jobs.workload.launch [--restarts N] [--wait-for HOST:PORT,...] [--wait-seconds S] -- COMMAND...
+    python -m gpuyard.jobs.workload.launch [--restarts N] [--wait-for HOST:PORT,...] [--wait-seconds S] -- COMMAND...
 
 For mpirun in an MPIJob launcher and a Volcano Job master. Open MPI 4's mpirun exits with the status of
 the first rank that failed (1 and 2 stay final, 143 and 137 retryable; 205 when it loses the daemon of
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from infra.conventions import EXIT_RETRYABLE
+from gpuyard.infra.conventions import EXIT_RETRYABLE
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -34,7 +34,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         sys.stderr.write("launch: error: give the command after --\n")
         raise SystemExit(2)
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m jobs.workload.launch")
+    parser = argparse.ArgumentParser(prog="python -m gpuyard.jobs.workload.launch")
     parser.add_argument("--restarts", type=int, default=0, help="reruns after a retryable exit status")
     parser.add_argument("--wait-for", default="", help="HOST:PORT,... that must accept TCP before a rerun")
     parser.add_argument("--wait-seconds", type=float, default=300.0)

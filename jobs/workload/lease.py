@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from jobs.workload.storage import Conflict, MissingObject, NotAnObject, Storage, StorageError
+from gpuyard.jobs.workload.storage import Conflict, MissingObject, NotAnObject, Storage, StorageError
 
 LEASE = "lease.json"
 RELEASE_SECONDS = 0.5  # normally two small requests; a slow store lets the lease expire instead

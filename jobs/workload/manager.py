@@ -25,10 +25,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from jobs.workload.checkpoint import (BackgroundSaver, Checkpoint, Checkpointer, CorruptCheckpoint, IdentityMismatch,
+from gpuyard.jobs.workload.checkpoint import (BackgroundSaver, Checkpoint, Checkpointer, CorruptCheckpoint, IdentityMismatch,
                                        save_estimate, serialize)
-from jobs.workload.dist import DistEnv
-from jobs.workload.storage import StorageError
+from gpuyard.jobs.workload.dist import DistEnv
+from gpuyard.jobs.workload.storage import StorageError
 
 Event = dict[str, Any]
 RANKS = "ranks"  # the per-rank states, indexed by the rank that saved them

@@ -1,6 +1,6 @@
 """Ray Train entrypoint: the same trainer in ``TorchTrainer`` workers on a local or existing Ray cluster.
 
-    python -m jobs.workload.ray_entry TOTAL_EPOCHS SAVE_EVERY --batch_size N [...] [--num-workers N] [--use-gpu]
+    python -m gpuyard.jobs.workload.ray_entry TOTAL_EPOCHS SAVE_EVERY --batch_size N [...] [--num-workers N] [--use-gpu]
         [--max-restarts N]
 
 Ray Train starts the gloo/nccl process group and sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in each
@@ -11,7 +11,7 @@ at once, so ``ray job logs`` and ``kubectl logs`` follow the run. The driver exi
 Stopping: a named Ray actor (``STOP_ACTOR``) holds the stop requests every worker polls. The driver adds
 one on SIGTERM (``ray job stop``: Ray 2.60 ``dashboard/modules/job/job_supervisor.py`` sends SIGTERM,
 then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S``, which the RayJob template sets to the grace budget);
-a Ray pod that is going away adds one from its preStop hook (``jobs.workload.ray_stop``) and waits
+a Ray pod that is going away adds one from its preStop hook (``gpuyard.jobs.workload.ray_stop``) and waits
 until the trainer has stopped and saved. Either way every rank stops at one agreed step, as under
 torchrun. After a stop that a leaving pod asked for (the driver waits until one of the attempt's nodes
 has left), or a worker group that failed (a worker lost without warning), the driver runs the trainer
@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
-from infra.conventions import EXIT_RETRYABLE
-from jobs.workload import dist, train
-from jobs.workload.args import ArgsError, parse_args, whole_number
-from jobs.workload.interrupt import StopRequest
-from jobs.workload.progress import Reporter
+from gpuyard.infra.conventions import EXIT_RETRYABLE
+from gpuyard.jobs.workload import dist, train
+from gpuyard.jobs.workload.args import ArgsError, parse_args, whole_number
+from gpuyard.jobs.workload.interrupt import StopRequest
+from gpuyard.jobs.workload.progress import Reporter
 
 NAMESPACE = "gpuyard"
 STOP_ACTOR = "gpuyard-stop"
@@ -263,9 +263,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, driver.on_sigterm)
     exit_code = driver.run()
     ray.shutdown()  # also stops the local Ray instance ray.init started
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)  # as train.main: no seconds of interpreter teardown inside a grace period
+    dist.leave(exit_code)
 
 
 if __name__ == "__main__":

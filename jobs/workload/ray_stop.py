@@ -1,6 +1,6 @@
 """The preStop hook of a Ray worker pod: stop the trainer at an agreed step before the pod goes.
 
-    python -m jobs.workload.ray_stop [--timeout SECONDS]
+    python -m gpuyard.jobs.workload.ray_stop [--timeout SECONDS]
 
 The kubelet runs it before it sends SIGTERM and counts it in the pod's grace period. It joins the Ray
 cluster through this node's raylet, asks the job's stop flag (``ray_entry.STOP_ACTOR``) to stop in
@@ -15,11 +15,11 @@ import argparse
 import sys
 import time
 
-from jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, STOP_ACTOR
+from gpuyard.jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, STOP_ACTOR
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs.workload.ray_stop")
+    parser = argparse.ArgumentParser(prog="python -m gpuyard.jobs.workload.ray_stop")
     parser.add_argument("--timeout", type=float, default=25.0, help="seconds to wait for the trainer to stop")
     deadline = time.monotonic() + parser.parse_args(argv).timeout
 

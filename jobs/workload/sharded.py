@@ -21,13 +21,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from jobs.workload.checkpoint import (CorruptCheckpoint, IdentityMismatch, SaveThread, manifest_name,
+from gpuyard.jobs.workload.checkpoint import (CorruptCheckpoint, IdentityMismatch, SaveThread, manifest_name,
                                        probe_upload_seconds, save_estimate)
-from jobs.workload import dist as launcher
-from jobs.workload.dist import DistEnv
-from jobs.workload.engine import ModelState, OptimizerState, ShardedCheckpointer, storage_reader, storage_writer
-from jobs.workload.manager import ResumeFailed, Resumed, SaveSchedule
-from jobs.workload.storage import StorageError
+from gpuyard.jobs.workload import dist as launcher
+from gpuyard.jobs.workload.dist import DistEnv
+from gpuyard.jobs.workload.engine import ModelState, OptimizerState, ShardedCheckpointer, storage_reader, storage_writer
+from gpuyard.jobs.workload.manager import ResumeFailed, Resumed, SaveSchedule
+from gpuyard.jobs.workload.storage import StorageError
 
 STEP = "step"  # saved with every checkpoint: each rank checks the step it loaded against the manifest's
 

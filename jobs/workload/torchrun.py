@@ -1,6 +1,6 @@
 """torchrun whose exit status is its workers', so an operator can tell a final failure from a retryable one.
 
-    python -m jobs.workload.torchrun [torchrun options] -m jobs.workload.train ...
+    python -m gpuyard.jobs.workload.torchrun [torchrun options] -m gpuyard.jobs.workload.train ...
 
 torch 2.13's torchrun exits 1 whatever happened: a worker failure raises ChildFailedError and a
 SIGTERM to the agent raises SignalException (torch/distributed/launcher/api.py ``launch_agent``), both
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from infra.conventions import EXIT_RETRYABLE
+from gpuyard.infra.conventions import EXIT_RETRYABLE
 
 
 def worker_status(exit_codes: list[int]) -> int:

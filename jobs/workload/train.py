@@ -1,6 +1,6 @@
 """The reference DDP trainer: one code path under torchrun, mpirun, Ray Train and plain python.
 
-    python -m jobs.workload.train TOTAL_EPOCHS SAVE_EVERY --batch_size N [--checkpoint-uri URI] ...
+    python -m gpuyard.jobs.workload.train TOTAL_EPOCHS SAVE_EVERY --batch_size N [--checkpoint-uri URI] ...
 
 Grown from the PyTorch DDP tutorial (``multigpu_torchrun.py``): the Trainer is handed its model,
 loader, optimizer and CheckpointManager, registers what it owns with the manager (model, optimizer
@@ -14,7 +14,6 @@ rank 0 saves that step within ``--grace-period`` and all exit 143. Rank 0 ends w
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,21 +27,21 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from infra.conventions import EXIT_CONFLICT, EXIT_NONFINITE, EXIT_RETRYABLE
-from infra.validation import one_line
-from jobs.workload import dist
-from jobs.workload.args import TrainArgs, exit_on_bad_args
-from jobs.workload.checkpoint import Checkpointer, IdentityMismatch
-from jobs.workload.data import build_loader, build_model, state_sha256, synthetic_dataset, weights_sha256
-from jobs.workload.engine import ShardedCheckpointer
-from jobs.workload.interrupt import AGREE_SECONDS, GraceBudget, GraceWatch, StepAgreement, StopRequest, Verdict
-from jobs.workload.lease import Lease, LeaseHeld
-from jobs.workload.manager import CheckpointManager, Resumed, ResumeFailed, SaveSchedule
-from jobs.workload.metrics import PortInUse, TrainMetrics, check_port
-from jobs.workload.progress import Reporter
-from jobs.workload.sharded import ShardedCheckpointManager
-from jobs.workload.state import RankRNG, TrainProgress
-from jobs.workload.storage import Storage, StorageError, open_storage
+from gpuyard.infra.conventions import EXIT_CONFLICT, EXIT_NONFINITE, EXIT_RETRYABLE
+from gpuyard.infra.validation import one_line
+from gpuyard.jobs.workload import dist
+from gpuyard.jobs.workload.args import TrainArgs, exit_on_bad_args
+from gpuyard.jobs.workload.checkpoint import Checkpointer, IdentityMismatch
+from gpuyard.jobs.workload.data import build_loader, build_model, state_sha256, synthetic_dataset, weights_sha256
+from gpuyard.jobs.workload.engine import ShardedCheckpointer
+from gpuyard.jobs.workload.interrupt import AGREE_SECONDS, GraceBudget, GraceWatch, StepAgreement, StopRequest, Verdict
+from gpuyard.jobs.workload.lease import Lease, LeaseHeld
+from gpuyard.jobs.workload.manager import CheckpointManager, Resumed, ResumeFailed, SaveSchedule
+from gpuyard.jobs.workload.metrics import PortInUse, TrainMetrics, check_port
+from gpuyard.jobs.workload.progress import Reporter
+from gpuyard.jobs.workload.sharded import ShardedCheckpointManager
+from gpuyard.jobs.workload.state import RankRNG, TrainProgress
+from gpuyard.jobs.workload.storage import Storage, StorageError, open_storage
 
 Event = dict[str, Any]
 MOMENTUM = 0.9
@@ -287,7 +286,7 @@ def sharded(args: TrainArgs) -> bool:
 
 def checkpoint_manager(args: TrainArgs, env: dist.DistEnv, storage: Storage | None, emit, lease: Lease | None,
                        reseed) -> CheckpointManager | ShardedCheckpointManager:
-    """One object by rank 0 (``--checkpoint-format one``) or every rank its part (``sharded``, jobs.workload.engine;
+    """One object by rank 0 (``--checkpoint-format one``) or every rank its part (``sharded``, gpuyard.jobs.workload.engine;
     always under FSDP, where no rank holds the whole model)."""
     schedule, guard = SaveSchedule(args.save_every, args.save_every_steps), lease.confirm if lease else lambda: None
     if sharded(args):
@@ -383,12 +382,7 @@ def main(argv: list[str]) -> None:
         first_line = str(error).strip().splitlines()[0]
         sys.stderr.write(f"train: error: rank {env.rank} lost a peer ({first_line}): exit {EXIT_RETRYABLE}\n")
         exit_code = EXIT_RETRYABLE
-    # Everything is saved and reported by now. The interpreter's teardown of torch takes seconds on a busy node
-    # (too long within a grace period) and now and then aborts in a C++ destructor after the process group is gone
-    # ("terminate called without an active exception", exit 134), so the process leaves without it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)
+    dist.leave(exit_code)  # everything is saved and reported by now
 
 
 if __name__ == "__main__":

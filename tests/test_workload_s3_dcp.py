@@ -1,0 +1,34 @@
+"""The S3 Connector's DCP writer and reader as jobs/workload/s3_dcp.py subclasses them, in one process (DCP without
+a process group) against a real moto S3."""
+
+import boto3
+import torch
+import torch.distributed.checkpoint as dcp
+
+from gpuyard.jobs.workload.engine import storage_reader, storage_writer
+from gpuyard.jobs.workload.s3_dcp import READ_BUFFER
+from gpuyard.jobs.workload.storage import S3Storage
+
+LARGE = READ_BUFFER // 4 + 4096  # float32 elements: larger than the read buffer, so read into its target
+
+
+def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_it(local_aws):
+    """``large`` is read into its target; ``widened`` (saved float32, restored into float64) and ``small`` take
+    DCP's own path (torch.load, then a copy), as does ``step`` (pickled bytes)."""
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    storage, checkpoint_id = S3Storage("ckpt", "run"), "s3://ckpt/run/ckpt-000000001"
+    generator = torch.Generator().manual_seed(5)
+    saved = {"large": torch.rand(LARGE, generator=generator), "widened": torch.rand(LARGE, generator=generator),
+             "small": torch.rand(1000, generator=generator).reshape(10, 100), "step": 7}
+    dcp.save(saved, checkpoint_id=checkpoint_id, storage_writer=storage_writer(storage, 0), no_dist=True)
+
+    targets = {"large": torch.zeros(LARGE), "widened": torch.zeros(LARGE, dtype=torch.float64),
+               "small": torch.zeros(10, 100), "step": -1}
+    given = dict(targets)
+    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(storage, 0), no_dist=True)
+
+    assert all(targets[name] is given[name] for name in ("large", "widened", "small"))  # restored in place
+    assert torch.equal(targets["large"], saved["large"])
+    assert torch.equal(targets["widened"], saved["widened"].double())
+    assert torch.equal(targets["small"], saved["small"])
+    assert targets["step"] == 7
