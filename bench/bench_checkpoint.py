@@ -142,6 +142,7 @@ def worker(mode: str, label: str) -> None:
     if env.is_main:
         sys.stdout.write(json.dumps(result) + "\n")
     dist.destroy_process_group()
+    dist.leave(0)  # not the interpreter's exit, which can deadlock in gloo's teardown
 
 
 def _run(mode: str, label: str, env: dict[str, str]) -> dict:

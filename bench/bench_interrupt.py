@@ -177,6 +177,7 @@ def worker() -> None:
         samples = LOOP.total_epochs * LOOP.dataset_size
         sys.stdout.write(json.dumps({mode: round(samples / seconds, 1) for mode, seconds in best.items()}) + "\n")
     dist.destroy_process_group()
+    dist.leave(0)  # not the interpreter's exit, which can deadlock in gloo's teardown
 
 
 def agreement_overhead() -> dict:

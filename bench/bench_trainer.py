@@ -92,6 +92,7 @@ def worker() -> None:
         samples = ARGS.total_epochs * ARGS.dataset_size
         sys.stdout.write(json.dumps({mode: round(samples / seconds, 1) for mode, seconds in best.items()}) + "\n")
     dist.destroy_process_group()
+    dist.leave(0)  # not the interpreter's exit, which can deadlock in gloo's teardown
 
 
 def samples_per_second(aws: LocalAWS) -> dict[str, float]:

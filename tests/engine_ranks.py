@@ -113,6 +113,9 @@ def main(argv: list[str]) -> None:
     report["events"] = events
     (args.out / f"rank{env.rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
+    # not the interpreter's exit: the DDP reducer's teardown there can deadlock with gloo's worker thread
+    # (seen in CI: ~ProcessGroupGloo waiting on a thread that waits for the GIL), as jobs/workload/dist.py says
+    dist.leave(0)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from gpuyard.sim.processes import STOP_GRACE_SECONDS, alive
 
+# Ctrl-C raises KeyboardInterrupt as in a terminal, even when the test runs where SIGINT is inherited ignored
+# (a background job of a non-interactive shell), which Python would keep ignoring
 STOPPER = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from gpuyard.sim.processes import Supervisor
+signal.signal(signal.SIGINT, signal.default_int_handler)
 supervisor = Supervisor(Path(sys.argv[1]))
 supervisor.start("stubborn", [sys.executable, "-c", sys.argv[2]])
 while "up" not in (supervisor.logs / "stubborn.log").read_text():
