@@ -45,8 +45,16 @@ def ray_cmd(args: TrainArgs, workers: int = 2) -> list[str]:
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    """``cmd`` to its end in its own session; past ``timeout`` the whole session is killed, not only the launcher
+    (subprocess.run's kill left a hung torchrun rank running for the rest of a CI run)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}) as job:
+        try:
+            stdout, stderr = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr)
 
 
 def start(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
