@@ -180,7 +180,9 @@ for step in range(1, 10000):
         stop.set()
     if agreement.check(torch.tensor(0.0)).stop:
         waited = time.monotonic() - stop.requested_at if stop.requested_at else None
-        print(json.dumps({"rank": rank, "step": step, "waited": waited}), flush=True)
+        # one write: with PYTHONUNBUFFERED print's line and newline are two, and the ranks share the pipe
+        sys.stdout.write(json.dumps({"rank": rank, "step": step, "waited": waited}) + "\\n")
+        sys.stdout.flush()
         break
 dist.destroy_process_group()
 leave(0)
