@@ -71,7 +71,7 @@ def sigterm_to_exit(aws: LocalAWS, runs: int = SIGTERMS) -> dict:
             out.seek(0)
             stopped = [json.loads(line) for line in out if line.startswith('{"event": "stopped"')]
             saves += [event["checkpoint"] is not None for event in stopped]
-            stops += [event["seconds_since_sigterm"] for event in stopped]
+            stops += [event["seconds_since_sigterm"] for event in stopped if event["seconds_since_sigterm"] is not None]
     return {"runs": runs, "grace_period_s": GRACE, "median_s": round(statistics.median(seconds), 3),
             "max_s": round(max(seconds), 3), "stopped_with_a_durable_checkpoint": sum(saves),
             "agreed_and_saved_after_s": {"median": round(statistics.median(stops), 3), "max": round(max(stops), 3)}}

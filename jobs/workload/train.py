@@ -213,9 +213,10 @@ class Trainer:
         if self._save(self.budget.remaining(self.stop)) and not self.checkpoints.wait(self.budget.remaining(self.stop)):
             self.telemetry.emit({"event": "checkpoint_failed", "step": step,
                                  "error": f"not written within the {self.budget.seconds:.1f}s grace budget"})
-        waited = time.monotonic() - (self.stop.requested_at or time.monotonic())
+        # None on a rank that got no signal itself (another rank's stop, agreed): its clock says nothing of when
+        waited = None if self.stop.requested_at is None else round(time.monotonic() - self.stop.requested_at, 3)
         return Outcome({"event": "stopped", "global_step": step, "checkpoint": self.checkpoints.durable,
-                        "seconds_since_sigterm": round(waited, 3)}, EXIT_RETRYABLE)
+                        "seconds_since_sigterm": waited}, EXIT_RETRYABLE)
 
     def _nonfinite(self) -> Outcome:
         self.checkpoints.wait()
