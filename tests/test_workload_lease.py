@@ -163,3 +163,14 @@ def test_a_lease_that_is_a_folder_cannot_be_held_in_one_line(tmp_path):
     (tmp_path / LEASE).mkdir()
     with pytest.raises(LeaseHeld, match="a folder, not a file: remove it"):
         Lease(LocalStorage(tmp_path), SECONDS).acquire()
+
+
+def test_a_local_folder_that_does_not_exist_yet_is_made_by_the_first_lease(tmp_path):
+    """A user's script on a laptop (`GPUYARD_CHECKPOINT_URI=runs/mine`) takes the lease before anything else writes:
+    the folder is made then, as an S3 prefix needs no making (it failed as `lease.json: missing`)."""
+    storage = LocalStorage(tmp_path / "runs" / "mine")
+    lease = Lease(storage, SECONDS, owner="laptop")
+    lease.acquire()
+    assert json.loads((tmp_path / "runs" / "mine" / LEASE).read_text())["owner"] == "laptop"
+    lease.release()
+    assert storage.names() == []

@@ -155,6 +155,7 @@ class LocalStorage:
         """An exclusive flock on the directory itself (no lock file left behind) while ``name`` is compared and
         replaced."""
         _plain(name)
+        self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -171,6 +172,8 @@ class LocalStorage:
             raise Conflict(f"{self.root / name}: replaced by another writer")
 
     def _write(self, name: str, data: bytes, place: Callable[[str, Path], None]) -> None:
+        """The first write makes the folder, as an S3 prefix needs none."""
+        self.root.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=self.root, prefix=f".{_plain(name)}.")
         try:
             with os.fdopen(fd, "wb") as file:
