@@ -1,6 +1,6 @@
 """Sharded checkpoints (jobs/workload/engine.py) against plain boto3, world size 2 on a local moto S3; prints JSON.
 
-    python bench/bench_checkpoint.py
+    python bench/bench_checkpoint.py [SIZE ...]    # 64MB, 1GB, 4GB: every size by default
 
 For each total size (each rank holds half, as its own shard: what FSDP gives a rank), in one run:
 
@@ -24,19 +24,32 @@ import io
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 
 BUCKET, REPEATS, TENSOR_BYTES = "bench", 2, 64 * 2**20
 SIZES = {"64MB": 64 * 2**20, "1GB": 2**30, "4GB": 4 * 2**30}
-SKIPPED = {"4GB": "not run: each rank would hold a 2 GiB shard, its 2 GiB staging copy and 2 GiB of raw bytes for "
-                  "the boto3 baseline (12 GiB for 2 ranks), and moto keeps every object above about 5 MiB and every "
-                  "multipart part in a temporary file on disk (moto 5.2.5 s3/models.py: SpooledTemporaryFile, "
-                  "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE): about 16 GB of disk for 2 saves, the baseline and the parts "
-                  "in flight, on a machine of 24 GiB shared by 4 agents whose disk had 6.1 GB free on 2026-12-04"}
+# What a size needs here, each a multiple of it: memory for every rank's shard, its staging copy and the boto3
+# baseline's raw bytes (3x, the 2 ranks together); disk for moto, which keeps every object above about 5 MiB and every
+# multipart part in a temporary file (moto 5.2.5 s3/models.py: SpooledTemporaryFile,
+# MOTO_S3_DEFAULT_KEY_BUFFER_SIZE): 2 saves, the baseline and the parts in flight (4x)
+MEMORY_TIMES, DISK_TIMES, SPARE = 3, 4, 2 * 2**30
+
+
+def unfit(size: int) -> str | None:
+    """Why ``size`` does not fit this machine now (measured: available memory, free disk), or None."""
+    with open("/proc/meminfo") as meminfo:
+        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    needs = {"memory": (MEMORY_TIMES * size + SPARE, available), "disk": (DISK_TIMES * size + SPARE, free)}
+    short = [f"{what} {need / 2**30:.0f} GiB, {have / 2**30:.1f} GiB available" for what, (need, have) in needs.items()
+             if have < need]
+    return f"not run: needs {'; '.join(short)}" if short else None
 
 
 class Shard:
@@ -75,7 +88,8 @@ def _manager(label: str, env):
     from gpuyard.jobs.workload.sharded import ShardedCheckpointManager
     from gpuyard.jobs.workload.storage import S3Storage
 
-    checkpointer = ShardedCheckpointer(S3Storage(BUCKET, label), {"bench": label}, env.rank)
+    checkpointer = ShardedCheckpointer(S3Storage(BUCKET, label), {"bench": label}, env.rank,
+                                       emit=lambda event: sys.stderr.write(json.dumps(event) + "\n"))
     return ShardedCheckpointManager(checkpointer, SaveSchedule(1), env, replicated=False)
 
 
@@ -150,7 +164,11 @@ def _run(mode: str, label: str, env: dict[str, str]) -> dict:
                "--worker", mode, label]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
-        raise SystemExit(f"bench: {mode} {label} failed:\n{done.stderr[-3000:]}")
+        with tempfile.NamedTemporaryFile("w", prefix=f"bench-checkpoint-{mode}-{label}-", suffix=".log",
+                                         delete=False) as log:
+            log.write(done.stderr)
+        events = [line for line in done.stderr.splitlines() if line.startswith('{"event"')]
+        raise SystemExit(f"bench: {mode} {label} failed (the ranks' stderr: {log.name}):\n" + "\n".join(events[-20:]))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -170,8 +188,11 @@ def measure(label: str, env: dict[str, str]) -> dict:
     }
 
 
-def main() -> None:
+def main(labels: list[str]) -> None:
     from gpuyard.jobs.local_aws import LocalAWS
+
+    if unknown := set(labels) - set(SIZES):
+        raise SystemExit(f"bench_checkpoint: no size {sorted(unknown)[0]!r}: {', '.join(SIZES)}")
 
     with LocalAWS() as aws:
         os.environ.update(aws.env)
@@ -179,8 +200,8 @@ def main() -> None:
 
         boto3.client("s3").create_bucket(Bucket=BUCKET)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        report: dict = {label: measure(label, env) for label in SIZES if label not in SKIPPED}
-    report.update({label: {"skipped": reason} for label, reason in SKIPPED.items()})
+        report: dict = {label: {"skipped": reason} if (reason := unfit(size)) else measure(label, env)
+                        for label, size in SIZES.items() if label in (labels or SIZES)}
     report["setup"] = {"world_size": 2, "launcher": "torchrun", "backend": "gloo", "endpoint": "moto_server",
                        "transport": "s3torchconnector 1.5.0 (ours), boto3 upload_fileobj/download_fileobj (plain)",
                        "tensor_bytes": TENSOR_BYTES, "best_of": REPEATS, "cpus": os.cpu_count()}
@@ -191,4 +212,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker(*sys.argv[2:4])
     else:
-        main()
+        main(sys.argv[1:])
