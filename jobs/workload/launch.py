@@ -10,21 +10,24 @@ address accepts TCP again (the workers' sshd, back in their new pods); a final s
 at once, with that status. After a SIGTERM or SIGINT the launcher exits 143 ("retry") once the command
 has ended.
 
-How a SIGTERM is passed on: not as a SIGTERM to mpirun. Open MPI 4.1 cannot forward SIGTERM
-(orte/mca/ess/base/ess_base_frame.c ``known_signals``: SIGTERM ``can_forward`` false); on its own SIGTERM
-mpirun aborts the job (orte/mca/ess/hnp/ess_hnp_module.c ``clean_abort``), and every daemon's
-``orte_odls_base_default_kill_local_procs`` (orte/mca/odls/base/odls_base_default_fns.c) sends the ranks
-SIGCONT, ``sleep()``s ``odls_base_sigkill_timeout`` s, sends SIGTERM, sleeps as long again and sends
-SIGKILL, all inside one callback of the event loop that also forwards the ranks' output (IOF). For
-those two sleeps nobody reads the ranks' stdout, a pty (orte/mca/iof/base/iof_base_setup.c), which
-holds about 14 KB on Linux: rank 0, still training and printing its JSON lines until its SIGTERM, blocked
-in write() once that was full, never reached the stop's agreement or save, and was SIGKILLed. So the
-supervisor sends SIGUSR1 (``STOP_SIGNALS``: the trainer's stop request, as SIGTERM) to mpirun itself,
-which forwards it to every rank at once through its daemons, from the event loop, without sleeping
-(``ess_base_forward_signals``: SIGUSR1 is forwarded by default). The ranks stop, save and exit 143, and
-mpirun exits with that status. Only if the command is still running ``--stop-seconds`` later (default:
-``$OMPI_MCA_odls_base_sigkill_timeout``, else 10), or at a second SIGTERM or SIGINT, does its process
-group get the signal itself (Open MPI's abort above: the ranks' SIGKILL comes two of those timeouts later).
+How a SIGTERM is passed on to the reference trainer: not as a SIGTERM to mpirun. Open MPI 4.1 cannot
+forward SIGTERM (orte/mca/ess/base/ess_base_frame.c ``known_signals``: SIGTERM ``can_forward`` false); on
+its own SIGTERM mpirun aborts the job (orte/mca/ess/hnp/ess_hnp_module.c ``clean_abort``), and every
+daemon's ``orte_odls_base_default_kill_local_procs`` (orte/mca/odls/base/odls_base_default_fns.c) sends
+the ranks SIGCONT, ``sleep()``s ``odls_base_sigkill_timeout`` s, sends SIGTERM, sleeps as long again and
+sends SIGKILL, all inside one callback of the event loop that also forwards the ranks' output (IOF). For
+those two sleeps nobody reads the ranks' stdout, a pty (orte/mca/iof/base/iof_base_setup.c) that holds
+about 17 KB: rank 0, still training and printing its JSON lines until its SIGTERM, blocked in write() once
+that was full, never reached the stop's agreement or save, and was SIGKILLed. So when the command runs the
+reference trainer (``TRAIN_MODULE``) the supervisor sends mpirun SIGUSR1 instead, the trainer's other stop
+signal (``gpuyard.jobs.workload.interrupt.STOP_SIGNALS``), which mpirun forwards to every rank at once
+through its daemons, from the event loop, without sleeping (ess_hnp_module.c ``signal_forward_callback``;
+SIGUSR1 is forwarded by default). The ranks stop, save and exit 143, and mpirun, aborting on that first
+143, exits once its daemons' two sleeps are over. Any other command (a user's, through
+``gpuyard.jobs.command.mpi_rank``, which may not handle SIGUSR1) gets the SIGTERM, as before; ``--stop-signal``
+overrides the choice. A second SIGTERM or SIGINT goes to the command's process group as it is. Nothing is
+sent on a timer: a SIGTERM while mpirun is already aborting (after the first rank's 143) made Open MPI 4.1.4
+crash in ``PMIx_Finalize`` and hang.
 
 The MPI Operator v0.8.0 runs the launcher in a batch/v1 Job whose ``backoffLimit`` is the MPIJob's
 ``runPolicy.backoffLimit`` and that counts every failed pod whatever its exit status, with no
@@ -43,11 +46,10 @@ import sys
 import time
 
 from gpuyard.infra.conventions import EXIT_RETRYABLE
+from gpuyard.jobs.workload.args import TRAIN_MODULE
 
 # The trainer's stop request other than SIGTERM (gpuyard.jobs.workload.interrupt.STOP_SIGNALS), which mpirun forwards
 STOP_REQUEST = signal.SIGUSR1
-SIGKILL_TIMEOUT_ENV = "OMPI_MCA_odls_base_sigkill_timeout"
-DEFAULT_STOP_SECONDS = 10.0
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -59,9 +61,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--restarts", type=int, default=0, help="reruns after a retryable exit status")
     parser.add_argument("--wait-for", default="", help="HOST:PORT,... that must accept TCP before a rerun")
     parser.add_argument("--wait-seconds", type=float, default=300.0)
-    parser.add_argument("--stop-seconds", type=float, default=None,
-                        help="after a SIGTERM, how long the command has to end on the stop request (SIGUSR1) before "
-                             "it gets the SIGTERM (default: $OMPI_MCA_odls_base_sigkill_timeout, else 10)")
+    parser.add_argument("--stop-signal", type=signal_number, default=None,
+                        help="what a first SIGTERM or SIGINT sends the command (default: SIGUSR1 to the reference "
+                             "trainer's mpirun, else the signal itself)")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -83,60 +85,51 @@ def wait_for(addresses: list[str], seconds: float) -> bool:
     return True
 
 
-class Supervisor:
-    """Runs one command at a time in its own process group; a SIGTERM or SIGINT is first a stop request
-    (``STOP_SIGNALS``' SIGUSR1, to the command itself), then, after ``stop_seconds`` or at a second signal, that
-    signal to the command's process group."""
+def signal_number(name: str) -> signal.Signals:
+    try:
+        return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"not a signal: {name!r}") from None
 
-    def __init__(self, stop_seconds: float = DEFAULT_STOP_SECONDS) -> None:
-        self.stop_seconds = stop_seconds
+
+def stop_signal(command: list[str]) -> signal.Signals | None:
+    """SIGUSR1 for the reference trainer (its stop request, which mpirun forwards at once); None: the signal itself."""
+    return STOP_REQUEST if TRAIN_MODULE in command else None
+
+
+class Supervisor:
+    """Runs one command at a time in its own process group. A first SIGTERM or SIGINT is sent to the command as
+    ``stop`` (None: as it is), a second to the command's process group."""
+
+    def __init__(self, stop: signal.Signals | None = None) -> None:
+        self.stop = stop
         self.signalled = False
-        self._signal: int | None = None
-        self._deadline: float | None = None
         self._child: subprocess.Popen | None = None
 
     def forward(self, signum: int, frame: object) -> None:
         first = not self.signalled
-        self.signalled, self._signal = True, signum
+        self.signalled = True
         if not self._child or self._child.poll() is not None:
             return
-        if first:
-            self._deadline = time.monotonic() + self.stop_seconds
-            os.kill(self._child.pid, STOP_REQUEST)
+        if first and self.stop is not None:
+            os.kill(self._child.pid, self.stop)
         else:
-            self._escalate()
-
-    def _escalate(self) -> None:
-        self._deadline = None
-        if self._child and self._child.poll() is None and self._signal is not None:
-            os.killpg(self._child.pid, self._signal)
+            os.killpg(self._child.pid, signum)
 
     def run(self, command: list[str]) -> int:
         self._child = subprocess.Popen(command, start_new_session=True)
         while True:
-            timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             try:
-                code = self._child.wait(timeout)
+                code = self._child.wait()
                 break
-            except subprocess.TimeoutExpired:
-                self._escalate()
             except InterruptedError:
                 continue
         return 128 - code if code < 0 else code
 
 
-def stop_seconds(option: float | None, environ=os.environ) -> float:
-    if option is not None:
-        return option
-    try:
-        return float(environ.get(SIGKILL_TIMEOUT_ENV, DEFAULT_STOP_SECONDS))
-    except ValueError:
-        return DEFAULT_STOP_SECONDS
-
-
 def main(argv: list[str]) -> None:
     options, command = parse(argv)
-    supervisor = Supervisor(stop_seconds(options.stop_seconds))
+    supervisor = Supervisor(options.stop_signal or stop_signal(command))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, supervisor.forward)
     hosts = [address for address in options.wait_for.split(",") if address]
