@@ -31,11 +31,12 @@ SAVE_EVERY_STEPS = 25
 # 2.5 s) finished first
 ARGS = TrainArgs(total_epochs=32, save_every=4, batch_size=16, dataset_size=2048, model="mlp", seed=9,
                  save_every_steps=SAVE_EVERY_STEPS, grace_period=GRACE, lease_seconds=3)
-# Open MPI 4 forwards a SIGTERM to mpirun this long after mpirun gets it, and SIGKILLs as long after, reading none of
-# the ranks' output meanwhile (jobs/workload/launch.py): once rank 0's JSON lines fill its pty (about 14 KB unread, some 6 s
-# of this run on an idle machine) it blocks in write() until its SIGKILL (no `stopped` line, no stop checkpoint: the
-# losses of 2026-12-05 with 6 s). The supervisor sends mpirun the stop request (SIGUSR1), which it forwards at once;
-# the ranks stop within about 2 s and mpirun exits at most twice this long after the first rank's 143 (its abort)
+# Open MPI 4 forwards a SIGTERM to mpirun this long after mpirun gets it, and SIGKILLs as long after, reading none
+# of the ranks' output meanwhile (jobs/workload/launch.py): once rank 0's JSON lines fill its pty (about 14 KB
+# unread, some 6 s of this run on an idle machine) it blocks in write() until its SIGKILL (no `stopped` line, no
+# stop checkpoint: the losses of 2026-12-05 with 6 s). The supervisor sends mpirun the stop request (SIGUSR1), which
+# it forwards at once; the ranks stop within about 2 s and mpirun exits at most twice this long after the first
+# rank's 143 (its abort)
 MPI_SIGKILL_TIMEOUT = 6
 
 

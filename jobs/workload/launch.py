@@ -16,11 +16,11 @@ its own SIGTERM mpirun aborts the job (orte/mca/ess/hnp/ess_hnp_module.c ``clean
 daemon's ``orte_odls_base_default_kill_local_procs`` (orte/mca/odls/base/odls_base_default_fns.c) sends
 the ranks SIGCONT, ``sleep()``s ``odls_base_sigkill_timeout`` s, sends SIGTERM, sleeps as long again and
 sends SIGKILL, all inside one callback of the event loop that also forwards the ranks' output (IOF). For
-those two sleeps nobody reads the ranks' stdout, a pty (orte/mca/iof/base/iof_base_setup.c) that takes
-about 14 KB without a reader (Linux 6.18): rank 0, still training and printing its JSON lines until its SIGTERM, blocked in write() once
-that was full, never reached the stop's agreement or save, and was SIGKILLed. So when the command runs the
-reference trainer (``TRAIN_MODULE``) the supervisor sends mpirun SIGUSR1 instead, the trainer's other stop
-signal (``gpuyard.jobs.workload.interrupt.STOP_SIGNALS``), which mpirun forwards to every rank at once
+those two sleeps nobody reads the ranks' stdout, a pty (orte/mca/iof/base/iof_base_setup.c) that takes about
+14 KB without a reader (Linux 6.18): rank 0, still training and printing its JSON lines until its SIGTERM,
+blocked in write() once that was full, never reached the stop's agreement or save, and was SIGKILLed. So when
+the command runs the reference trainer (``TRAIN_MODULE``) the supervisor sends mpirun SIGUSR1 instead,
+the trainer's other stop signal (``gpuyard.jobs.workload.interrupt.STOP_SIGNALS``), which mpirun forwards to every rank at once
 through its daemons, from the event loop, without sleeping (ess_hnp_module.c ``signal_forward_callback``;
 SIGUSR1 is forwarded by default). The ranks stop, save and exit 143, and mpirun, aborting on that first
 143, exits once its daemons' two sleeps are over. Any other command (a user's, through
