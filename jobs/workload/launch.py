@@ -20,8 +20,8 @@ those two sleeps nobody reads the ranks' stdout, a pty (orte/mca/iof/base/iof_ba
 14 KB without a reader (Linux 6.18): rank 0, still training and printing its JSON lines until its SIGTERM,
 blocked in write() once that was full, never reached the stop's agreement or save, and was SIGKILLed. So when
 the command runs the reference trainer (``TRAIN_MODULE``) the supervisor sends mpirun SIGUSR1 instead,
-the trainer's other stop signal (``gpuyard.jobs.workload.interrupt.STOP_SIGNALS``), which mpirun forwards to every rank at once
-through its daemons, from the event loop, without sleeping (ess_hnp_module.c ``signal_forward_callback``;
+the trainer's other stop signal (``gpuyard.jobs.workload.interrupt.STOP_SIGNALS``), which mpirun forwards to
+every rank at once through its daemons, from the event loop, without sleeping (ess_hnp_module.c ``signal_forward_callback``;
 SIGUSR1 is forwarded by default). The ranks stop, save and exit 143, and mpirun, aborting on that first
 143, exits once its daemons' two sleeps are over. Any other command (a user's, through
 ``gpuyard.jobs.command.mpi_rank``, which may not handle SIGUSR1) gets the SIGTERM, as before; ``--stop-signal``
