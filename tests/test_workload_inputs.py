@@ -4,11 +4,14 @@ import io
 import json
 import os
 import pty
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch.distributed
@@ -276,3 +279,60 @@ def test_the_launch_supervisor_exits_with_its_command_s_status_and_reruns_only_r
                              script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == status
     assert runs.read_text() == ("xxx" if status >= 128 else "x")
+
+
+
+SIGNAL_RECORDER = """
+import os, signal, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+def record(signum, frame):
+    log.write(f"{signal.Signals(signum).name} {time.monotonic():.3f}\\n")
+    if signum == signal.SIGTERM:
+        os._exit(143)
+signal.signal(signal.SIGUSR1, record)
+signal.signal(signal.SIGTERM, record)
+log.write(f"ready {time.monotonic():.3f}\\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _supervise_and_signal(options: list[str], log, signals: int) -> list[str]:
+    """The supervisor over the signal recorder; SIGTERM to the supervisor ``signals`` times, one after the other's
+    arrival; what the recorder received, in order."""
+    job = subprocess.Popen([sys.executable, "-m", "gpuyard.jobs.workload.launch", *options, "--", sys.executable,
+                            "-c", SIGNAL_RECORDER, str(log)], cwd=REPO, start_new_session=True)
+    try:
+        for expected in range(1, signals + 1):
+            deadline = time.monotonic() + 60
+            while len(log.read_text().splitlines() if log.exists() else []) < expected:
+                assert time.monotonic() < deadline and job.poll() is None
+                time.sleep(0.05)
+            job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=60) == 143
+    finally:
+        if job.poll() is None:
+            child = [int(pid) for pid in Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()]
+            for pid in [job.pid, *child]:
+                os.killpg(pid, signal.SIGKILL)
+    return [line.split()[0] for line in log.read_text().splitlines()]
+
+
+def test_the_launch_supervisor_passes_a_sigterm_on_as_the_trainer_s_stop_request_and_a_second_one_as_sigterm(
+        tmp_path):
+    """Open MPI's mpirun forwards SIGUSR1 to every rank at once, but a SIGTERM of its own only after
+    odls_base_sigkill_timeout, reading none of the ranks' output meanwhile (jobs/workload/launch.py)."""
+    received = _supervise_and_signal(["--stop-signal", "USR1"], tmp_path / "signals", signals=2)
+    assert received == ["ready", "SIGUSR1", "SIGTERM"]
+
+
+def test_the_launch_supervisor_sends_the_reference_trainer_s_mpirun_sigusr1_and_other_commands_sigterm():
+    from gpuyard.jobs.workload.args import TRAIN_MODULE
+    from gpuyard.jobs.workload.launch import stop_signal
+
+    assert stop_signal(["mpirun", "-np", "2", "python3", "-m", TRAIN_MODULE, "8", "4"]) == signal.SIGUSR1
+    assert stop_signal(["mpirun", "-np", "2", "python3", "-m", "gpuyard.jobs.command.mpi_rank", "train.py"]) is None
+
+
+def test_a_user_command_under_the_launch_supervisor_gets_the_sigterm_itself(tmp_path):
+    assert _supervise_and_signal([], tmp_path / "signals", signals=1) == ["ready", "SIGTERM"]

@@ -21,6 +21,11 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pythonpath() -> str:
+    """The checkout first, then the caller's PYTHONPATH (a worktree run's mapping of ``gpuyard`` to its folders)."""
+    return os.pathsep.join(path for path in (str(REPO), os.environ.get("PYTHONPATH", "")) if path)
+
+
 def python_cmd(args: TrainArgs) -> list[str]:
     return [sys.executable, "-m", TRAIN_MODULE, *args.to_argv()]
 
@@ -48,7 +53,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120)
     """``cmd`` to its end in its own session; past ``timeout`` the whole session is killed, not only the launcher
     (subprocess.run's kill left a hung torchrun rank running for the rest of a CI run)."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                          start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}) as job:
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": pythonpath(), **(env or {})}) as job:
         try:
             stdout, stderr = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -60,7 +65,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120)
 def start(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A launcher in its own session, stdout and stderr to ``out``."""
     return subprocess.Popen(cmd, stdout=out.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                            env={**os.environ, "PYTHONPATH": pythonpath(), **(env or {})})
 
 
 def wait_for(condition, timeout: float = 90, what: str = "condition") -> None:
@@ -76,7 +81,7 @@ def finished(process: subprocess.Popen, out: Path, timeout: float = 180) -> subp
         process.wait(timeout=timeout)
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_tree(process.pid)
     return subprocess.CompletedProcess(process.args, process.returncode, out.read_text(), "")
 
 
@@ -95,6 +100,27 @@ def done_event(result: subprocess.CompletedProcess) -> dict:
 def trained(done: dict) -> dict:
     """What training produced (epochs, steps, weights), without where it was saved."""
     return {key: value for key, value in done.items() if key != "checkpoint"}
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every descendant's: the supervisor's mpirun has a session of its own, each
+    of Open MPI's ranks a process group of its own (odls_default_module.c ``setpgid(0, 0)``)."""
+    found, pending = [], [pid]
+    while pending:
+        found.append(pending.pop())
+        try:
+            pending += children(found[-1])
+        except OSError:
+            pass
+    for each in found:
+        try:
+            os.killpg(each, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.kill(each, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def children(pid: int) -> list[int]:

@@ -84,7 +84,9 @@ def shutdown_env(spec: JobSpec) -> dict[str, str]:
     torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT s after forwarding (default 30; torch
     2.13 torch/distributed/launcher/api.py). Open MPI 4's mpirun forwards SIGTERM odls_base_sigkill_timeout
     s after getting it, then SIGKILLs as long after (default 1; ompi v4.1.x
-    orte/mca/odls/base/odls_base_default_fns.c): a third of the grace each leaves mpirun a third to exit.
+    orte/mca/odls/base/odls_base_default_fns.c): a third of the grace each leaves mpirun a third to exit. The
+    launcher's supervisor does not send the reference trainer's mpirun that SIGTERM but SIGUSR1, which mpirun
+    forwards at once (gpuyard.jobs.workload.launch); mpirun's abort on the ranks' 143 then takes two thirds at most.
     """
     grace = GRACE_PERIOD_SECONDS[spec.capacity_type]
     return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace), "OMPI_MCA_odls_base_sigkill_timeout": str(grace // 3)}

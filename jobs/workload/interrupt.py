@@ -25,6 +25,10 @@ Event = dict[str, Any]
 # about this long plus one step (every N steps would wait N * 5-10 s on a large model). bench/bench_interrupt.py
 # measures what it costs against the bare DDP loop.
 AGREE_SECONDS = 2.0
+# SIGTERM, and SIGUSR1: the stop request that gpuyard.jobs.workload.launch sends mpirun, which Open MPI forwards to
+# every rank at once (a SIGTERM to mpirun reaches the ranks only after odls_base_sigkill_timeout, and while Open MPI
+# waits it does not read the ranks' output: see jobs/workload/launch.py)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class StopRequest:
@@ -34,9 +38,10 @@ class StopRequest:
         self.requested_at: float | None = None
 
     def install(self) -> None:
-        """Handle SIGTERM in this process (only possible from the main thread)."""
+        """Handle the stop signals in this process (only possible from the main thread)."""
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda signum, frame: self.set())
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, lambda signum, frame: self.set())
 
     def set(self) -> None:
         if self.requested_at is None:
