@@ -17,7 +17,8 @@ Isolation, so that a node leaves nothing behind and touches nothing it did not m
 - Every process of a node (containerd, the kubelet, the shims, the containers) lives in a cgroup under this process's
   own (cgroup v1 here: ``failCgroupV1: false``); `down` kills what is left there and removes those cgroups.
 - The bridge has the pod network's first address and each node one more; nothing forwards or NATs beyond it (the
-  CNI bridge plugin is no gateway and masquerades nothing), the kubelets listen on their bridge addresses.
+  CNI bridge plugin is no gateway and masquerades nothing; Service traffic, which kube-proxy translates, stays on
+  the bridge: sim/netpol.py), the kubelets listen on their bridge addresses.
 """
 
 from __future__ import annotations
