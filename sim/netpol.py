@@ -94,7 +94,8 @@ def dns_stand_in() -> dict:
 
 
 def _guard(bridge: str) -> list[list[str]]:
-    """The guard chain's rules (mangle runs before filter and nat's POSTROUTING, where no other chain can accept)."""
+    """The guard chain's rules, jumped to from mangle's FORWARD and POSTROUTING (before filter's FORWARD, where
+    kube-router ACCEPTs, and nat's POSTROUTING; in POSTROUTING the first rule sees forwarded packets only)."""
     return [["-i", bridge, "!", "-o", bridge, "-j", "DROP"],
             ["-m", "conntrack", "--ctstate", "DNAT", "--ctorigdst", SERVICE_CIDR, "!", "-o", bridge, "-j", "DROP"]]
 
@@ -150,8 +151,7 @@ def stop_all(state: Path) -> None:
     for family in FAMILIES:
         for table in TABLES:
             save = _run(f"{family}-save", "-t", table, check=False).stdout.splitlines()
-            ours = [line[1:].split()[0] for line in save if line.startswith(":KUBE-") or line == f":{bridge} - [0:0]"
-                    or line.startswith(f":{bridge} ")]
+            ours = [line[1:].split()[0] for line in save if line.startswith((":KUBE-", f":{bridge} "))]
             for line in save:  # the jumps from the built-in chains into ours
                 words = shlex.split(line)
                 if words[:1] == ["-A"] and not words[1].startswith("KUBE-") and words[1] != bridge \
