@@ -537,6 +537,7 @@ def test_an_mpijob_worker_pod_deleted_mid_run_stops_its_ranks_and_the_launcher_r
     assert len(launchers) == 1 and _trainer_state(ended.pods[launchers[0]])["terminated"]["exitCode"] == 0
     launcher_log = gangs.kubectl.run("logs", launchers[0], "-n", NAMESPACE)
     print(f"--- {launchers[0]}\n{launcher_log[-3000:]}")
+    print("the launcher's own lines:", *(line for line in launcher_log.splitlines() if line.startswith("launch:")), sep="\n")
     assert "launch: exit 143, retryable: running it again (1 of 3)" in launcher_log
     stopped = _stopped(_events(launcher_log, "stopped"), args)
     _assert_resumed_as_uninterrupted(gangs, args, _events(launcher_log, "resume"), stopped,
