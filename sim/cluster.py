@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gpuyard.infra.config import load_stack
-from gpuyard.sim import addons, coredns, karpenter, kwok, monitoring, nodes, pause, realnode, registry, stack
+from gpuyard.sim import addons, coredns, karpenter, kwok, monitoring, netpol, nodes, pause, realnode, registry, stack
 from gpuyard.sim.build import build_all, build_component
 from gpuyard.sim.controlplane import ControlPlane
 from gpuyard.sim.kube import Kubectl, KubectlError
@@ -121,6 +121,9 @@ class Sim:
             realnode.start_all(self.state, real, bins, control.pki, control.server(), images.address, busybox,
                                kubectl, self.supervisor)
             coredns.start(self.supervisor, bins["coredns"] / coredns.NAME, self.state / "coredns", self.kubeconfig)
+            say("starting kube-proxy and kube-router's NetworkPolicy firewall for the real nodes")
+            netpol.start(self.state, realnode.bridge_name(self.state), real[0]["metadata"]["name"], bins,
+                         self.kubeconfig, kubectl, self.supervisor)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
                                  pytorch_init_image=busybox)
         for name, start in addons.STARTS.items():
@@ -149,6 +152,7 @@ class Sim:
             return
         self._refuse_foreign()
         self.supervisor.stop_all()
+        netpol.stop_all(self.state)
         realnode.stop_all(self.state)
         for path in addons.outside_folders(self.state):
             if claimed_by(path, self.state):
@@ -211,6 +215,7 @@ def _stopped_on_signal(sim: Sim) -> Iterator[None]:
         yield
     except BaseException:
         sim.supervisor.stop_all()
+        netpol.stop_all(sim.state)
         realnode.stop_all(sim.state)  # a real node's shims and containers are no server of the supervisor's
         raise
     finally:

@@ -4,7 +4,7 @@ bridge that every pod reaches; the kubelets' ``clusterDNS`` (sim/realnode.py) na
 It answers for ``cluster.local`` and the reverse zones only (coredns v1.15.0 plugin/kubernetes/README.md), forwards
 nothing (nothing may leave the bridge), and serves what the API server holds: a Service's ClusterIP, and for a
 headless Service (the Training Operator's per-replica Services) its ready pods' addresses from the EndpointSlices.
-No kube-proxy runs yet, so a ClusterIP resolves but routes nowhere; headless names reach the pods themselves.
+A ClusterIP reaches its pods through kube-proxy (sim/netpol.py); headless names are the pods' own addresses.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Isolation, so that a node leaves nothing behind and touches nothing it did not m
 - Every process of a node (containerd, the kubelet, the shims, the containers) lives in a cgroup under this process's
   own (cgroup v1 here: ``failCgroupV1: false``); `down` kills what is left there and removes those cgroups.
 - The bridge has the pod network's first address and each node one more; nothing forwards or NATs beyond it (the
-  CNI bridge plugin is no gateway and masquerades nothing), the kubelets listen on their bridge addresses.
+  CNI bridge plugin is no gateway and masquerades nothing; Service traffic, which kube-proxy translates, stays on
+  the bridge: sim/netpol.py), the kubelets listen on their bridge addresses.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import yaml
 
 from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL, NODEPOOL_CPU
 from gpuyard.sim import certs, coredns
+from gpuyard.sim.controlplane import SERVICE_CIDR
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.nodes import SHAPES
 from gpuyard.sim.processes import Supervisor, free_port
@@ -160,12 +162,15 @@ class RealNode:
 
     def cni_config(self, bridge: str) -> dict[str, Any]:
         """containernetworking/plugins v1.10.0 bridge + host-local (plugins/main/bridge/README.md): this node's
-        /24 of the pod network; no gateway role, no masquerading."""
+        /24 of the pod network; no gateway role, no masquerading. The one route besides the bridge's own network:
+        the Service addresses, through the bridge's address, where kube-proxy translates them (sim/netpol.py;
+        pkg/ipam/ipam_linux.go ConfigureIface gives a route without ``gw`` the range's gateway)."""
         return {"cniVersion": "1.0.0", "name": "gpuyard-sim", "plugins": [{
             "type": "bridge", "bridge": bridge, "isGateway": False, "ipMasq": False, "hairpinMode": True,
             "ipam": {"type": "host-local", "dataDir": str(self.folder / "ipam"), "ranges": [[{
                 "subnet": POD_NETWORK, "rangeStart": f"10.244.{self.index}.2", "rangeEnd": f"10.244.{self.index}.254",
-            }]]},
+                "gateway": GATEWAY,
+            }]], "routes": [{"dst": SERVICE_CIDR}]},
         }]}
 
     def containerd_config(self, bins: dict[str, Path], pause: str) -> str:

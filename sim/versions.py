@@ -127,7 +127,23 @@ def node_components(kubernetes_minor: str) -> tuple[Component, ...]:
         # our main package names, not upstream's main, which links every plugin and its cloud SDKs
         Component("coredns", "v1.15.0", {"coredns": "gpuyard.dev/sim/coredns"}),
         INIT_SHELL,
+        KUBE_ROUTER,
     )
+
+
+# NetworkPolicy enforcement on the real nodes (sim/netpol.py): kube-router's firewall controller only (kube-proxy
+# routes Services, the CNI bridge the pods). kube-router v2.1.0 is the only release the Go module proxy serves here.
+# Upstream enforces policies for the pods of its own node only, those whose status.hostIP is that node's IP
+# (cloudnativelabs/kube-router v2.1.0 pkg/controllers/netpol/pod.go, getLocalPods); the real nodes share one network
+# namespace, so one instance serves them all: the patch takes every pod on a real node's address (10.244.255.x,
+# sim/realnode.py RealNode.address) as local.
+KUBE_ROUTER = Component(
+    "kube-router", "v2.1.0", {"kube-router": "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"},
+    ldflags=("-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v2.1.0",),
+    patches=(Patch("github.com/cloudnativelabs/kube-router/v2", "pkg/controllers/netpol/pod.go",
+                   "strings.Compare(pod.Status.HostIP, nodeIP) != 0",
+                   'nodeIP == "" || !strings.HasPrefix(pod.Status.HostIP, "10.244.255.")'),),
+)
 
 
 # The `sh` of the PyTorchJob init image (sim/pause.py): a static build of mvdan.cc/sh's POSIX shell

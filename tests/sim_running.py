@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuyard.sim import realnode
+from gpuyard.sim import netpol, realnode
 from gpuyard.sim.cluster import Sim
 from gpuyard.sim.processes import alive, zombie
 
@@ -28,6 +29,10 @@ def running_sim(stack: str, state: Path, **options) -> Iterator[Sim]:
     if record:
         assert not Path(f"/sys/class/net/{record['bridge']}").exists()
         assert not [h for h in realnode.hierarchies() if (h / record["cgroup"].strip("/")).exists()]
+        # kube-proxy's and kube-router's chains and ipsets, and the guard (sim/netpol.py): none left
+        assert not netpol.kube_chains() and not netpol.kube_ipsets()
+        assert record["bridge"] not in subprocess.run(["iptables-save", "-t", "mangle"], capture_output=True,
+                                                      text=True, check=True).stdout
 
 
 def pod_ended(kubectl, name: str, namespace: str, timeout: float) -> dict:

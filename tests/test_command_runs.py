@@ -125,7 +125,7 @@ def test_mpijob_launcher_mpirun_runs_the_script_on_every_rank(workdir):
     spec = own_spec("mpijob", ["train_ddp.py", "c"], workdir, nodes=2, gpus_per_node=0)
     launcher = render(spec, STACK.team("vision"))["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     container = launcher["containers"][0]
-    with socket.create_server(("127.0.0.1", 0)) as sshd:  # the workers' sshd, waited for only before a rerun
+    with socket.create_server(("127.0.0.1", 0)) as sshd:  # the workers' sshd, waited for before each run
         command = list(container["command"])
         command[command.index("--wait-for") + 1] = f"127.0.0.1:{sshd.getsockname()[1]}"
         run(command + container["args"], workdir, mpi_env(container))

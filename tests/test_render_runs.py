@@ -78,7 +78,7 @@ def test_rendered_pytorchjob_exits_143_on_sigterm(tmp_path):
 
 @pytest.fixture
 def sshd():
-    """This test's stand-in for the workers' sshd, which the launcher waits for before a rerun: a listening port."""
+    """This test's stand-in for the workers' sshd, which the launcher waits for before each run: a listening port."""
     server = socket.create_server(("127.0.0.1", 0))
     yield f"127.0.0.1:{server.getsockname()[1]}"
     server.close()

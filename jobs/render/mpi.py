@@ -69,7 +69,7 @@ def wait_for_sshd(hosts: list[str], port: int = SSH_PORT, seconds: int = SSHD_WA
 
 def supervised(command: list[str], restarts: int = 0, hosts: list[str] | None = None) -> list[str]:
     """``command`` under ``gpuyard.jobs.workload.launch``: a SIGTERM exits 143, not mpirun's 1; with ``restarts`` a retryable
-    status reruns it once every host's sshd answers again (at most SSHD_WAIT_SECONDS)."""
+    status reruns it once every host's sshd answers again (at most SSHD_WAIT_SECONDS), as the first run waits."""
     options = []
     if restarts:
         options = ["--restarts", str(restarts), "--wait-for", ",".join(f"{host}:{SSH_PORT}" for host in hosts or []),

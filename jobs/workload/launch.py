@@ -6,8 +6,8 @@ For mpirun in an MPIJob launcher and a Volcano Job master. Open MPI 4's mpirun e
 the first rank that failed (1 and 2 stay final, 143 and 137 retryable; 205 when it loses the daemon of
 a worker node), but with 1 when it is itself sent SIGTERM. Without a signal, a retryable status (128 or
 more) reruns the command up to ``--restarts`` times, after waiting (bounded) until every ``--wait-for``
-address accepts TCP again (the workers' sshd, back in their new pods); a final status (below 128) ends it
-at once, with that status. After a SIGTERM or SIGINT the launcher exits 143 ("retry") once the command
+address accepts TCP again (the workers' sshd, back in their new pods; the first run waits for them
+too); a final status (below 128) ends it at once, with that status. After a SIGTERM or SIGINT the launcher exits 143 ("retry") once the command
 has ended.
 
 How a SIGTERM is passed on to the reference trainer: not as a SIGTERM to mpirun. Open MPI 4.1 cannot
@@ -133,6 +133,11 @@ def main(argv: list[str]) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, supervisor.forward)
     hosts = [address for address in options.wait_for.split(",") if address]
+    # before the first run too: under NetworkPolicies a new pod reaches its peers only once the policy implementation
+    # knows its address (kube-router at its next sync; measured in the sim: the launcher's first mpirun exited 255,
+    # its ssh to the workers refused); past the bound, mpirun runs anyway and says what it cannot reach
+    if hosts and not wait_for(hosts, options.wait_seconds):
+        sys.stderr.write(f"launch: {options.wait_for} not reachable after {options.wait_seconds:g}s\n")
     for attempt in range(options.restarts + 1):
         code = supervisor.run(command)
         if supervisor.signalled:
