@@ -4,7 +4,9 @@ gang-schedules them, the operators start their pods, the ranks find each other t
 checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded; the same job with its worker's pod
 deleted mid-run stops on the kubelet's SIGTERM, is recreated by the Training Operator and ends bitwise identical to
 the first; one that diverges exits 1 and is never retried; an MPIJob with a worker's pod deleted mid-run is rerun by
-its launcher and ends bitwise identical to the PyTorchJob.
+its launcher and ends bitwise identical to the PyTorchJob. A user's own script (the README's) goes the user's way:
+`gpuyard images build --context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a preemption it
+resumes from, `gpuyard cancel`.
 
 The ranks are CPU-only (`--gpus-per-node 0`): all run on the one real node of the CPU NodePool, since the ddp image
 unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` (an MPIJob's workers
@@ -18,12 +20,16 @@ Needs what tests/test_sim_real_node.py needs (Go, the images in the registry's s
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -34,17 +40,18 @@ import torch
 
 from gpuyard.infra.config import StackConfig, Team, load_stack
 from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME
-from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.local_aws import LocalAWS, free_port
 from gpuyard.jobs.processes import die_with_parent
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
 from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
-from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
+from gpuyard.jobs.workload.checkpoint import MANIFEST, Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
 from gpuyard.sim import coredns, pause, realnode
 from gpuyard.sim.images import build_images
 from gpuyard.sim.kube import Kubectl
 from sim_running import pod_ended, running_sim
+from test_workload_library import readme_script
 
 pytestmark = [
     pytest.mark.sim,
@@ -545,3 +552,141 @@ def test_an_mpijob_worker_pod_deleted_mid_run_stops_its_ranks_and_the_launcher_r
     stopped = _stopped(_events(launcher_log, "stopped"), args)
     _assert_resumed_as_uninterrupted(gangs, args, _events(launcher_log, "resume"), stopped,
                                      _events(launcher_log, "done"), reference)
+
+
+# A user's own script (the README's, on gpuyard's checkpoint library), as a data scientist takes it to the cluster
+USER_STEPS, USER_SAVE_EVERY = 6000, 200
+
+
+def _gpuyard(sim, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`gpuyard ARGS` as the user runs it, with `export KUBECONFIG=$(gpuyard sim kubeconfig | tail -1)`."""
+    return subprocess.run([sys.executable, "-m", "gpuyard.jobs.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
+
+
+def _user_lines(text: str) -> list[dict]:
+    """The script's one line a rank, by rank."""
+    lines = [json.loads(line[line.index("{"):]) for line in text.splitlines() if '{"rank"' in line]
+    return sorted(lines, key=lambda line: line["rank"])
+
+
+def _manifest_steps(gangs: Gangs, name: str) -> list[int]:
+    """The steps of the checkpoints the job ``name`` published in its folder of the team's prefix."""
+    bucket, prefix = checkpoint_uri(gangs.config, gangs.config.team(TEAM), name).removeprefix("s3://").split("/", 1)
+    listed = gangs.aws.client("s3").list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+    names = [item["Key"].rsplit("/", 1)[1] for item in listed.get("Contents", [])]
+    return sorted(step_of(name) for name in names if name.startswith("ckpt-") and name.endswith(MANIFEST))
+
+
+@pytest.fixture(scope="module")
+def own_image(sim, gangs, tmp_path_factory) -> Iterator[str]:
+    """The README's own-script example in a project folder, built by `gpuyard images build --context` on the
+    pytorchjob image and pushed to the sim's registry (BuildKit: no Docker engine here); removed afterwards."""
+    project = tmp_path_factory.mktemp("project")
+    (project / "train.py").write_text(readme_script())
+    built = _gpuyard(sim, "images", "build", "--context", str(project), "--team", TEAM, "--kind", "pytorchjob",
+                     "--registry", gangs.registry_prefix, "--push")
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    ref = built.stdout.splitlines()[-1]
+    address = gangs.registry_prefix.split("/", 1)[0]
+    repository, tag = ref.removeprefix(f"{address}/").rsplit(":", 1)
+    _, body = sim.registry().manifest(repository, tag)
+    try:
+        yield ref
+    finally:  # the registry's storage is the cache's: leave no test image in it
+        request = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/"
+                                         f"sha256:{hashlib.sha256(body).hexdigest()}", method="DELETE")
+        urllib.request.urlopen(request, timeout=30).close()
+
+
+def _submit_own(sim, gangs: Gangs, image: str, steps: int) -> str:
+    """`gpuyard submit` of the user's script on their image (no --name: a new name); returns the name."""
+    env = {**gangs.aws.env, "AWS_DEFAULT_REGION": gangs.config.region}
+    result = _gpuyard(sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", "pytorchjob", "--gpus-per-node",
+                      "0", "--cpu", "0.9", "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
+                      "train.py", str(steps), str(USER_SAVE_EVERY))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def _running_status(sim, name: str) -> dict:
+    """`gpuyard status NAME --json` once it says the job and its gang run (the operator and Volcano update them
+    seconds after the pods start)."""
+    deadline = time.monotonic() + POD_TIMEOUT_SECONDS
+    while True:
+        status = json.loads(_gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+        if status["phase"] == "Running" and (status["gang"] or {}).get("phase") == "Running":
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(2)
+
+
+def _first_manifest(gangs: Gangs, name: str) -> None:
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not _manifest_steps(gangs, name):
+        assert time.monotonic() < deadline and _job_state(gangs.kubectl, name) != "Succeeded", "no first checkpoint"
+        time.sleep(1)
+
+
+@contextmanager
+def _run_here(folder: Path, log: Path) -> Iterator[subprocess.Popen]:
+    """The user's script under torchrun with 2 ranks here, as on their laptop, checkpointing to a local folder."""
+    (folder / "train.py").write_text(readme_script())
+    with log.open("w") as out:
+        run = subprocess.Popen(
+            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(free_port()), "train.py", str(USER_STEPS), str(USER_SAVE_EVERY)], cwd=folder,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "GPUYARD_CHECKPOINT_URI": str(folder / "checkpoints")})
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_resumed_and_cancelled(
+        sim, gangs, own_image, tmp_path):
+    """Issue 25's path on real nodes: the user's script (not the reference trainer) built into an image with
+    `gpuyard images build --context`, submitted with `gpuyard submit`, followed with `gpuyard status` and `gpuyard
+    logs --rank`; its worker's pod deleted mid-run, it stops where both ranks agree, saves, and the recreated gang
+    resumes there and ends with the weights of the same script run here never stopped; a second job is cancelled
+    with `gpuyard cancel`, its stop saved in the grace period, every pod gone."""
+    kubectl = gangs.kubectl
+    with _run_here(tmp_path, tmp_path / "here.log") as here:  # the uninterrupted run, beside the cluster's
+        name = _submit_own(sim, gangs, own_image, USER_STEPS)
+        assert name.startswith(f"{TEAM}-pytorchjob-"), name
+        master, worker = f"{name}-master-0", f"{name}-worker-0"
+        first = _running(kubectl, name, [master, worker])
+        status = _running_status(sim, name)
+        assert (status["queue"], status["pods"], status["bound"], status["gang"]["min_member"]) == (TEAM, 2, 2, 2)
+        with _followed_to_the_end(kubectl, [master, worker], tmp_path, "first") as first_logs:
+            _first_manifest(gangs, name)
+            _delete_pod(kubectl, worker)
+        stopped = _user_lines("\n".join(_read(first_logs).values()))
+        at = stopped[0]["step"]
+        assert [(line["rank"], line["step"], line["exit"]) for line in stopped] == [(0, at, 143), (1, at, 143)]
+        assert USER_SAVE_EVERY <= at < USER_STEPS and _manifest_steps(gangs, name)[-1] == at
+        _running(kubectl, name, [master, worker], replacing=first)  # the operator made the gang again
+        ended = _ended(kubectl, name, time.monotonic())
+        assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+        resumed = [_user_lines(_gpuyard(sim, "logs", name, "--team", TEAM, "--rank", str(rank)).stdout)
+                   for rank in (0, 1)]
+        assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
+                for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
+        assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (tmp_path / "here.log").read_text()[-3000:]
+    uninterrupted = _user_lines((tmp_path / "here.log").read_text())
+    assert {line["weights_sha256"] for lines in resumed for line in lines} == {uninterrupted[0]["weights_sha256"]}
+
+    cancelled = _submit_own(sim, gangs, own_image, USER_STEPS * 100)
+    pods = [f"{cancelled}-master-0", f"{cancelled}-worker-0"]
+    _running(kubectl, cancelled, pods)
+    with _followed_to_the_end(kubectl, pods, tmp_path, "cancelled") as logs:
+        _first_manifest(gangs, cancelled)
+        result = _gpuyard(sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
+    assert result.returncode == 0 and result.stdout.strip() == f"{cancelled}: cancelled, every pod gone", result.stderr
+    assert not _pods(kubectl, cancelled) and cancelled not in _gpuyard(sim, "list", "--team", TEAM).stdout
+    stopped = _user_lines("\n".join(_read(logs).values()))
+    assert {(line["step"], line["exit"]) for line in stopped} == {(stopped[0]["step"], 143)}, stopped
+    assert _manifest_steps(gangs, cancelled)[-1] == stopped[0]["step"]  # the stop's checkpoint, saved in the grace
