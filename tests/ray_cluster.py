@@ -58,7 +58,30 @@ class RayCluster:
             stop_tree(node)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def _start(self, name: str, options: list[str], timeout: float = 300) -> subprocess.Popen:
+    def _start(self, name: str, options: list[str], timeout: float = 300, attempts: int = 3) -> subprocess.Popen:
+        """``ray start`` of one node, started again on new ports if it exits before it is up, as the kubelet restarts
+        a KubeRay container that failed (in CI a head's raylet once did not register within Ray 2's fixed 30 s,
+        ray/_private/node.py ``raylet_start_wait_time_s``, while the other test worker started a Ray cluster of its own)."""
+        failures = []
+        for attempt in range(attempts):
+            log = self.log_dir / f"ray-{name}-{attempt}.log"
+            node = self._launch(options, log)
+            deadline = time.monotonic() + timeout
+            while READY not in log.read_text():
+                if node.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            else:
+                return node
+            exited = node.poll() is not None
+            stop_tree(node)
+            self.nodes.remove(node)
+            failures.append(f"attempt {attempt + 1}: {log.read_text()[-1500:]}")
+            if not exited:  # still starting after ``timeout``: not a failed start to retry
+                break
+        raise RuntimeError(f"ray {name} did not start: " + "\n".join(failures))
+
+    def _launch(self, options: list[str], log: Path) -> subprocess.Popen:
         ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                  "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"]
         chosen = distinct_free_ports(len(ports) + 40)
@@ -66,15 +89,9 @@ class RayCluster:
         command = [RAY, "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1", *options,
                    *(item for flag, port in zip(ports, chosen) for item in (flag, str(port))), "--worker-port-list",
                    workers]
-        log = self.log_dir / f"ray-{name}.log"
         node = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env,
                                 start_new_session=True)
         self.nodes.append(node)
-        deadline = time.monotonic() + timeout
-        while READY not in log.read_text():
-            if node.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray {name} did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
         return node
 
 

@@ -146,6 +146,8 @@ class MPIJob:
         launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
         command = self._port([*launcher["command"], *launcher["args"]])
         command[command.index("--metrics-port") + 1] = str(free_port())
+        # the launcher waits for the workers' sshd before each run: here at the names the hostfile gives them
+        command[command.index("--wait-for") + 1] = ",".join(f"{name}:{self.port}" for name in WORKERS)
         mpirun = command.index("mpirun") + 1  # the launcher's supervisor (gpuyard.jobs.workload.launch) runs mpirun
         self.launcher_command = [*command[:mpirun], *MPI_LOOPBACK, *command[mpirun:], *extra_args]
         self.launcher_env = {**{e["name"]: e["value"] for e in launcher["env"]}, "MASTER_ADDR": "worker-0",
