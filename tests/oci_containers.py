@@ -76,7 +76,8 @@ def unpack_layer(address: str, repository: str, digest: str, gzipped: bool) -> P
     target = cache_root() / "layers" / digest.replace(":", "-")
     if target.is_dir():
         return target
-    staging = target.with_name(target.name + ".partial")
+    # a staging folder of this process's own: both test workers may unpack the same layer at once
+    staging = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with urllib.request.urlopen(f"http://{address}/v2/{repository}/blobs/{digest}", timeout=60) as blob:
@@ -95,7 +96,12 @@ def unpack_layer(address: str, repository: str, digest: str, gzipped: bool) -> P
             elif name.startswith(WHITEOUT):
                 os.remove(os.path.join(folder, name))
                 os.mknod(os.path.join(folder, name[len(WHITEOUT):]), 0o600 | 0o020000, os.makedev(0, 0))
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:  # the other worker's copy came first (rename onto a non-empty folder fails)
+        if not target.is_dir():
+            raise
+        shutil.rmtree(staging)
     return target
 
 
@@ -133,7 +139,8 @@ class Container:
         spec["hostname"] = self.name
         linux = spec["linux"]
         linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]  # the host's network
-        linux["cgroupsPath"] = f"{cgroup_parent('gpuyard-test-containers')}/{self.name}"
+        # the test worker's pid in the cgroup's name: two workers may each run a container of the same name
+        linux["cgroupsPath"] = f"{cgroup_parent('gpuyard-test-containers')}/{self.name}-{os.getpid()}"
         spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/dev/shm"] + [
             {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=268435456"]},
