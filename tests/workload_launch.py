@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpuyard.jobs.local_aws import free_port
+from gpuyard.jobs.processes import descendants
 from gpuyard.jobs.workload.args import RAY_MODULE, TRAIN_MODULE, TrainArgs
 
 BIN = Path(sys.executable).parent
@@ -105,14 +106,7 @@ def trained(done: dict) -> dict:
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant's: the supervisor's mpirun has a session of its own, each
     of Open MPI's ranks a process group of its own (odls_default_module.c ``setpgid(0, 0)``)."""
-    found, pending = [], [pid]
-    while pending:
-        found.append(pending.pop())
-        try:
-            pending += children(found[-1])
-        except OSError:
-            pass
-    for each in found:
+    for each in [pid, *descendants(pid)]:
         try:
             os.killpg(each, signal.SIGKILL)
         except OSError:

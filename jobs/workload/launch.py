@@ -7,8 +7,8 @@ the first rank that failed (1 and 2 stay final, 143 and 137 retryable; 205 when 
 a worker node), but with 1 when it is itself sent SIGTERM. Without a signal, a retryable status (128 or
 more) reruns the command up to ``--restarts`` times, after waiting (bounded) until every ``--wait-for``
 address accepts TCP again (the workers' sshd, back in their new pods; the first run waits for them
-too); a final status (below 128) ends it at once, with that status. After a SIGTERM or SIGINT the launcher exits 143 ("retry") once the command
-has ended.
+too); a final status (below 128) ends it at once, with that status. After a SIGTERM or SIGINT the
+launcher exits 143 ("retry") once the command has ended.
 
 How a SIGTERM is passed on to the reference trainer: not as a SIGTERM to mpirun. Open MPI 4.1 cannot
 forward SIGTERM (orte/mca/ess/base/ess_base_frame.c ``known_signals``: SIGTERM ``can_forward`` false); on
@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="python -m gpuyard.jobs.workload.launch")
     parser.add_argument("--restarts", type=int, default=0, help="reruns after a retryable exit status")
-    parser.add_argument("--wait-for", default="", help="HOST:PORT,... that must accept TCP before a rerun")
+    parser.add_argument("--wait-for", default="", help="HOST:PORT,... that must accept TCP before each run")
     parser.add_argument("--wait-seconds", type=float, default=300.0)
     parser.add_argument("--stop-signal", type=signal_number, default=None,
                         help="what a first SIGTERM or SIGINT sends the command (default: SIGUSR1 to the reference "
@@ -77,9 +77,11 @@ def reachable(address: str) -> bool:
 
 
 def wait_for(addresses: list[str], seconds: float) -> bool:
+    """True once every address accepts TCP; False, said on stderr, after ``seconds``."""
     deadline = time.monotonic() + seconds
     while not all(reachable(address) for address in addresses):
         if time.monotonic() > deadline:
+            sys.stderr.write(f"launch: {','.join(addresses)} not reachable after {seconds:g}s\n")
             return False
         time.sleep(2)
     return True
@@ -136,8 +138,7 @@ def main(argv: list[str]) -> None:
     # before the first run too: under NetworkPolicies a new pod reaches its peers only once the policy implementation
     # knows its address (kube-router at its next sync; measured in the sim: the launcher's first mpirun exited 255,
     # its ssh to the workers refused); past the bound, mpirun runs anyway and says what it cannot reach
-    if hosts and not wait_for(hosts, options.wait_seconds):
-        sys.stderr.write(f"launch: {options.wait_for} not reachable after {options.wait_seconds:g}s\n")
+    wait_for(hosts, options.wait_seconds)
     for attempt in range(options.restarts + 1):
         code = supervisor.run(command)
         if supervisor.signalled:
@@ -146,7 +147,6 @@ def main(argv: list[str]) -> None:
             raise SystemExit(code)
         sys.stderr.write(f"launch: exit {code}, retryable: running it again ({attempt + 1} of {options.restarts})\n")
         if not wait_for(hosts, options.wait_seconds):
-            sys.stderr.write(f"launch: {options.wait_for} not reachable after {options.wait_seconds:g}s\n")
             raise SystemExit(code)
 
 
