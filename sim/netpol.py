@@ -64,7 +64,7 @@ def kube_ipsets() -> list[str]:
     return [name for name in _run("ipset", "list", "-n").stdout.split() if name.startswith("KUBE-")]
 
 
-def kube_proxy_config(kubeconfig: Path, node: str, folder: Path) -> dict:
+def kube_proxy_config(kubeconfig: Path, node: str) -> dict:
     """KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1, k8s.io/kube-proxy v0.35.4 config/v1alpha1/types.go):
     NodePorts on the real nodes' addresses only (no ``route_localnet``), its servers on 127.0.0.1, the conntrack
     sysctls left as the host has them (0: do not set), no OOM score change (the process may not lower it)."""
@@ -117,7 +117,7 @@ def start(state: Path, bridge: str, node: str, bins: dict[str, Path], kubeconfig
     for chain in ("FORWARD", "POSTROUTING"):
         _run("iptables", "-t", "mangle", "-I", chain, "-j", bridge)
     Path(f"/proc/sys/net/ipv4/conf/{bridge}/forwarding").write_text("1\n")
-    (folder / "kube-proxy.yaml").write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, node, folder)))
+    (folder / "kube-proxy.yaml").write_text(yaml.safe_dump(kube_proxy_config(kubeconfig, node)))
     path = {"PATH": "/usr/sbin:/sbin:/usr/bin:/bin"}
     supervisor.start("kube-proxy", [str(bins["kubernetes-node"] / "kube-proxy"),
                                     f"--config={folder / 'kube-proxy.yaml'}"], env=path)
