@@ -106,6 +106,23 @@ EFA_ENV = {
 }
 # Karpenter nodes reserve no huge pages (HUGEPAGES_EFA): libfabric uses regular pages there.
 EFA_NO_HUGE_PAGES_ENV = {"FI_EFA_USE_HUGE_PAGE": "0"}
+
+
+def contract_env(job: str, team: str, checkpoint_uri: str, grace_seconds: int, data_uri: str) -> dict[str, str]:
+    """The contract's variables (``CONTRACT_VARIABLES``, in that order) for one job: what ``gpuyard render`` gives
+    every kind's trainer and the team's TrainingRuntimes give an SDK's TrainJob."""
+    return {ENV_JOB_NAME: job, ENV_TEAM: team, ENV_CHECKPOINT_URI: checkpoint_uri,
+            ENV_GRACE_PERIOD_SECONDS: str(grace_seconds), ENV_METRICS_PORT: str(METRICS_PORT), ENV_DATA_URI: data_uri}
+
+
+def network_env(gpus: bool, efa: bool, node_group: bool) -> dict[str, str]:
+    """NCCL's settings on GPU pods, EFA's on EFA pods (huge pages off on Karpenter's nodes, which reserve none)."""
+    env = dict(NCCL_ENV) if gpus else {}
+    if efa:
+        env.update(EFA_ENV)
+        if not node_group:
+            env.update(EFA_NO_HUGE_PAGES_ENV)
+    return env
 # /dev/shm in memory on every training pod, for NCCL and DataLoader workers.
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"

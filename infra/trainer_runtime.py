@@ -35,14 +35,7 @@ from gpuyard.infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
     ANNOTATION_QUEUE_NAME,
     DEFAULT_MAX_RESTARTS,
-    EFA_ENV,
-    EFA_NO_HUGE_PAGES_ENV,
-    ENV_CHECKPOINT_URI,
-    ENV_DATA_URI,
-    ENV_GRACE_PERIOD_SECONDS,
     ENV_JOB_NAME,
-    ENV_METRICS_PORT,
-    ENV_TEAM,
     FINAL_EXIT_CODES,
     GPU_RESOURCE,
     GRACE_PERIOD_SECONDS,
@@ -54,7 +47,6 @@ from gpuyard.infra.conventions import (
     LABEL_TEAM,
     METRICS_PORT,
     METRICS_PORT_NAME,
-    NCCL_ENV,
     PART_OF,
     SCHEDULER_NAME,
     SHM_PATH,
@@ -62,6 +54,8 @@ from gpuyard.infra.conventions import (
     TRAINING_RUNTIME,
     runtime_name,
     container_security,
+    contract_env,
+    network_env,
     node_selector,
     pod_security,
 )
@@ -128,16 +122,15 @@ def runtime_labels(team: Team) -> dict[str, str]:
 def node_env(team: Team, pool: RuntimePool, checkpoint_bucket: str) -> list[dict]:
     """What ``gpuyard render`` gives a TrainJob's trainer on ``pool`` that does not depend on the job; the job's name
     comes from its pods' JobSet label, and the checkpoint folder is the team's prefix plus that name (Kubernetes
-    expands ``$(VAR)`` from variables listed before it)."""
-    grace = str(GRACE_PERIOD_SECONDS[pool.capacity_type])
-    env = {**(NCCL_ENV if pool.gpus else {}), **(EFA_ENV if pool.efa else {}),
-           **(EFA_NO_HUGE_PAGES_ENV if pool.efa and not pool.node_group else {})}
-    env.update({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": grace, ENV_TEAM: team.name, ENV_GRACE_PERIOD_SECONDS: grace,
-                ENV_METRICS_PORT: str(METRICS_PORT), ENV_DATA_URI: team.data_uri(checkpoint_bucket)})
-    job_name = {"name": ENV_JOB_NAME,
-                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_JOBSET_NAME}']"}}}
-    checkpoints = {"name": ENV_CHECKPOINT_URI, "value": team.checkpoint_uri(checkpoint_bucket, f"$({ENV_JOB_NAME})")}
-    return [{"name": name, "value": value} for name, value in env.items()] + [job_name, checkpoints]
+    expands ``$(VAR)`` from variables listed before it: the contract lists the name first)."""
+    grace = GRACE_PERIOD_SECONDS[pool.capacity_type]
+    env = network_env(pool.gpus, pool.efa, pool.node_group)
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(grace)
+    env.update(contract_env(f"$({ENV_JOB_NAME})", team.name, team.checkpoint_uri(checkpoint_bucket, f"$({ENV_JOB_NAME})"),
+                            grace, team.data_uri(checkpoint_bucket)))
+    job_name = {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_JOBSET_NAME}']"}}
+    return [{"name": name, "valueFrom": job_name} if name == ENV_JOB_NAME else {"name": name, "value": value}
+            for name, value in env.items()]
 
 
 def training_runtime_spec(team: Team, pool: RuntimePool, image: str, checkpoint_bucket: str) -> dict:

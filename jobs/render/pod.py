@@ -12,15 +12,7 @@ from __future__ import annotations
 from gpuyard.infra.config import Team
 from gpuyard.infra.conventions import (
     ANNOTATION_DO_NOT_DISRUPT,
-    EFA_ENV,
-    EFA_NO_HUGE_PAGES_ENV,
     EFA_RESOURCE,
-    ENV_CHECKPOINT_URI,
-    ENV_DATA_URI,
-    ENV_GRACE_PERIOD_SECONDS,
-    ENV_JOB_NAME,
-    ENV_METRICS_PORT,
-    ENV_TEAM,
     GRACE_PERIOD_SECONDS,
     GPU_RESOURCE,
     HUGEPAGES_EFA,
@@ -38,12 +30,13 @@ from gpuyard.infra.conventions import (
     LABEL_TEAM,
     METRICS_PORT,
     METRICS_PORT_NAME,
-    NCCL_ENV,
     NODEPOOL_CPU,
     PART_OF,
     SHM_PATH,
     SHM_VOLUME,
     container_security,
+    contract_env,
+    network_env,
     node_selector,
     pod_security,
 )
@@ -103,31 +96,12 @@ def rank_grace_seconds(spec: JobSpec) -> int:
     return grace // 3 if spec.kind in MPI_KINDS else grace
 
 
-def contract_env(spec: JobSpec) -> dict[str, str]:
-    """The job's contract with its processes (``gpuyard.infra.conventions.CONTRACT_VARIABLES``), the same in every
-    kind."""
-    return {
-        ENV_JOB_NAME: spec.name,
-        ENV_TEAM: spec.team,
-        ENV_CHECKPOINT_URI: spec.checkpoint_uri,
-        ENV_GRACE_PERIOD_SECONDS: str(rank_grace_seconds(spec)),
-        ENV_METRICS_PORT: str(METRICS_PORT),
-        ENV_DATA_URI: spec.data_uri,
-    }
-
-
 def trainer_env(spec: JobSpec) -> dict[str, str]:
     """NCCL (and EFA) settings on GPU jobs, the launchers' shutdown timeouts, the contract, then the spec's own env,
     which wins."""
-    env: dict[str, str] = {}
-    if spec.gpus_per_node:
-        env.update(NCCL_ENV)
-    if spec.efa_devices:
-        env.update(EFA_ENV)
-        if not spec.node_group:
-            env.update(EFA_NO_HUGE_PAGES_ENV)
+    env = network_env(bool(spec.gpus_per_node), bool(spec.efa_devices), spec.node_group)
     env.update(shutdown_env(spec))
-    env.update(contract_env(spec))
+    env.update(contract_env(spec.name, spec.team, spec.checkpoint_uri, rank_grace_seconds(spec), spec.data_uri))
     env.update(spec.env)
     return env
 
