@@ -49,6 +49,11 @@ class LocalAWS:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The moto_server's process id once started (for what measures the server: bench/bench_checkpoint.py)."""
+        return self._process.pid if self._process else None
+
+    @property
     def env(self) -> dict[str, str]:
         """Variables that make boto3 talk to this endpoint with dummy credentials."""
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint_url}
