@@ -675,6 +675,9 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
                    for rank in (0, 1)]
         assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
                 for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
+        # the operator's restart counts, though no container restarted in place (its pods were made again)
+        restarted = json.loads(_gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+        assert restarted["restarts"] >= 1, restarted
         assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (tmp_path / "here.log").read_text()[-3000:]
     uninterrupted = _user_lines((tmp_path / "here.log").read_text())
     assert {line["weights_sha256"] for lines in resumed for line in lines} == {uninterrupted[0]["weights_sha256"]}

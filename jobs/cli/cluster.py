@@ -143,11 +143,44 @@ class Jobs:
             "gang": {"podgroup": gang["metadata"]["name"], "phase": (gang.get("status") or {}).get("phase", "Pending"),
                      "min_member": gang["spec"].get("minMember", 1)} if gang else None,
             "pods": len(pods), "bound": sum(1 for pod in pods if pod["spec"].get("nodeName")),
-            "restarts": sum(status.get("restartCount", 0) for pod in pods
-                            for status in (pod.get("status") or {}).get("containerStatuses", [])),
+            "restarts": self.restarts(job) + sum(status.get("restartCount", 0) for pod in pods
+                                                 for status in (pod.get("status") or {}).get("containerStatuses", [])),
             "waiting": list(dict.fromkeys(waiting)),
             "ahead": self._ahead(gang),
         }
+
+    def restarts(self, job: dict[str, Any]) -> int:
+        """How often the job's operator started it, or a part of it, again after a failure, as each kind records it:
+        - PyTorchJob: the operator deletes a failed pod it will retry and records a ``PyTorchJobRestarting`` event
+          per replica type (kubeflow/training-operator v1.9.4 pkg/controller.v1/common/pod.go ReconcilePods); the
+          events' counts are summed (so a gang whose two pods both failed counts 2; events expire after an hour);
+        - MPIJob: the launcher Job's failed pods (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go
+          updateMPIJobStatus: ``launcherStatus.Failed = launcher.Status.Failed``); the launcher's own reruns of
+          mpirun (gpuyard.jobs.workload.launch) are in its log only;
+        - Volcano Job: ``status.retryCount`` (volcano.sh/apis v1.14.0 pkg/apis/batch/v1alpha1/job.go), one a
+          ``RestartJob`` (volcano.sh/volcano v1.14.1 pkg/controllers/job/state/running.go);
+        - TrainJob: its JobSet's ``status.restarts`` (sigs.k8s.io/jobset v0.12.0 api/jobset/v1alpha2/
+          jobset_types.go), the JobSet named after the TrainJob (kubeflow/trainer v2.3.0
+          pkg/runtime/framework/plugins/jobset/jobset.go);
+        - RayJob: ``status.failed`` (ray-project/kuberay v1.6.0 ray-operator/apis/ray/v1/rayjob_types.go); the Ray
+          entry's reruns of the command (gpuyard.jobs.command.ray_entry) are in the driver's log only.
+        """
+        status, name = job.get("status") or {}, job["metadata"]["name"]
+        if job["kind"] == "PyTorchJob":
+            uid = job["metadata"]["uid"]
+            return sum(event.get("count") or 1 for event in self.kubectl.items("events", namespace=self.team.namespace)
+                       if event["involvedObject"].get("uid") == uid and event.get("reason") == "PyTorchJobRestarting")
+        if job["kind"] == "MPIJob":
+            return (status.get("replicaStatuses") or {}).get("Launcher", {}).get("failed", 0)
+        if job["kind"] == "Job":
+            return status.get("retryCount", 0)
+        if job["kind"] == "TrainJob":
+            try:
+                jobset = self.kubectl.get("jobsets.jobset.x-k8s.io", name, self.team.namespace)
+            except KubectlError:  # none yet (or no longer)
+                return 0
+            return (jobset.get("status") or {}).get("restarts", 0)
+        return status.get("failed", 0)  # RayJob
 
     def _ahead(self, gang: dict[str, Any] | None) -> int | None:
         """Gangs waiting in the queue before this one (None unless it waits)."""
