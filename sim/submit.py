@@ -1,14 +1,16 @@
-"""`gpuyard sim submit`: server-side apply job manifests, then follow each job through Volcano to a running gang.
+"""`gpuyard sim submit`: server-side apply job manifests, then follow each job through Volcano to a running gang, or,
+on a cluster with real nodes (``--real-nodes``), to its end.
 
 What is followed is what the real components report: the job's PodGroup (phase, queue, conditions), its pods
-(bound to a node, phase) and the job's own status, plus Warning events on all three; a failure is reported with the
-message the component wrote (a webhook's denial, Volcano's unschedulable reason, the quota admission's refusal).
+(bound to a node, phase, what the kubelet says of their containers) and the job's own status, plus Warning events;
+a failure is reported with the message the component wrote (a webhook's denial, Volcano's unschedulable reason, the
+quota admission's refusal, an image pull, a container's exit code, OOM kill and last lines).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +34,10 @@ JOB_RESOURCES = {
 ENDED = ("Succeeded", "Completed", "Complete", "SUCCEEDED", "STOPPED")
 FAILED = ("Failed", "Aborted", "Terminated", "FAILED")
 KWOK_COMPLETED = "kwok-completed"
+# A job that ended on real nodes (gpuyard sim up --real-nodes): its operator saw its containers exit 0 there.
+SUCCEEDED = "succeeded"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"  # on every kwok node (sim/nodes.py), never on a real one
+LOG_LINES = 8  # a failed container's last lines in a failure's report
 
 
 class SubmitFailed(RuntimeError):
@@ -64,6 +70,7 @@ class Watch:
     nodes: dict[str, str] = field(default_factory=dict)  # every pod seen bound -> the node it was bound to
     components: dict[str, str] = field(default_factory=dict)  # every pod seen -> its app.kubernetes.io/component
     outcome: str = ""
+    real_nodes: frozenset[str] = frozenset()  # the cluster's nodes that run containers (none: kwok's only)
 
     @property
     def bound(self) -> set[str]:
@@ -98,8 +105,39 @@ def _warnings(events: list[dict], kind: str, name: str) -> list[str]:
     return list(latest.values())
 
 
+def real_nodes(kubectl: Kubectl) -> set[str]:
+    """The cluster's nodes that run containers: every node kwok does not manage."""
+    return {node["metadata"]["name"] for node in kubectl.items("nodes")
+            if KWOK_NODE_ANNOTATION not in node["metadata"].get("annotations", {})}
+
+
+def container_reasons(kubectl: Kubectl, pods: list[dict], namespace: str) -> list[str]:
+    """What the kubelet says of the pods' containers that do not run as they should: waiting for a reason other
+    than starting (an image pull, a crash loop, a bad config), or ended with a non-zero code (with its reason, OOMKilled
+    included, and the container's last lines)."""
+    reasons = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        for container in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+            state = container.get("state") or {}
+            waiting, ended = state.get("waiting") or {}, state.get("terminated") or {}
+            if waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+                reasons.append(f"pod {name} container {container['name']}: {waiting['reason']}: "
+                               f"{waiting.get('message', '').strip()}")
+            if ended.get("exitCode", 0) != 0:
+                try:
+                    tail = kubectl.run("logs", name, "-n", namespace, "-c", container["name"], f"--tail={LOG_LINES}")
+                except KubectlError:
+                    tail = ""
+                reasons.append(f"pod {name} container {container['name']}: exit {ended['exitCode']} "
+                               f"({ended.get('reason', '')})" + "".join(f"\n    {line}" for line in tail.splitlines()))
+    return reasons
+
+
 def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | None:
-    """One look at the job: returns "running" or KWOK_COMPLETED when done, raises SubmitFailed on failure."""
+    """One look at the job: returns "running", SUCCEEDED or KWOK_COMPLETED when done, raises SubmitFailed on
+    failure."""
     job = kubectl.get(JOB_RESOURCES[watch.kind], watch.name, watch.namespace)
     phase = job_phase(job)
     if phase and phase not in watch.phases:
@@ -140,10 +178,17 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
                 unscheduled.setdefault(condition["message"], []).append(pod["metadata"]["name"])
     reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
     reasons += _warnings(events, watch.kind, watch.name)
+    reasons += container_reasons(kubectl, [p for p in bound if p["spec"]["nodeName"] in watch.real_nodes],
+                                 watch.namespace)
     watch.reason = "; ".join(dict.fromkeys(reasons))
     if phase in FAILED:
         raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")
     if phase in ENDED:
+        ran = sorted(set(watch.nodes.values()) & watch.real_nodes)
+        if ran:
+            watch.say_once(f"{watch.kind} {watch.namespace}/{watch.name}: {phase}: its containers ran on real nodes "
+                           f"({', '.join(ran)}) and its operator saw them succeed", say)
+            return SUCCEEDED
         watch.say_once(f"{watch.kind} {watch.namespace}/{watch.name}: its operator completed it once kwok ended its "
                        "pods; no container ran, so whether it trains is not tested here", say)
         return KWOK_COMPLETED
@@ -153,10 +198,15 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
 
 
 def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
-           until: tuple[str, ...] = ("running", KWOK_COMPLETED), apply: bool = True) -> list[Watch]:
+           until: tuple[str, ...] | None = None, apply: bool = True) -> list[Watch]:
     """Apply ``files`` on the simulated cluster ``sim`` (unless ``apply`` is false: follow only) and follow every job
-    in them until each is in ``until``; returns what was seen of each job."""
+    in them until each is in ``until``; returns what was seen of each job. By default a job is followed until its
+    gang runs (or kwok completed it), and on a cluster with real nodes until it ends: a gang running there is not yet
+    an outcome."""
     kubectl = sim.kubectl()
+    real = frozenset(real_nodes(kubectl))
+    if until is None:
+        until = (SUCCEEDED, KWOK_COMPLETED) if real else ("running", KWOK_COMPLETED)
     if apply:
         try:
             preflight.check_files(kubectl, files)
@@ -166,7 +216,7 @@ def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
             say(kubectl.apply_files(files).strip())
         except KubectlError as error:
             raise SubmitFailed(f"admission denied: {error}") from None
-    watches = _jobs(files)
+    watches = [replace(watch, real_nodes=real) for watch in _jobs(files)]
     pending = list(watches)
     deadline = time.monotonic() + wait
     while pending:
@@ -174,8 +224,9 @@ def submit(sim, files: list[Path], wait: float, say: Callable[[str], None],
             outcome = check(kubectl, watch, say)
             if outcome in until:
                 watch.outcome = outcome
+                said = {"running": "gang running", SUCCEEDED: "succeeded on real nodes"}
                 say(f"{watch.kind} {watch.namespace}/{watch.name}: "
-                    + ("gang running" if outcome == "running" else "gang ran, then kwok ended its pods"))
+                    + said.get(outcome, "gang ran, then kwok ended its pods"))
                 pending.remove(watch)
         if pending and time.monotonic() > deadline:
             watch = pending[0]

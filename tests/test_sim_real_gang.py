@@ -50,6 +50,7 @@ from gpuyard.jobs.workload.train import identity
 from gpuyard.sim import coredns, pause, realnode
 from gpuyard.sim.images import build_images
 from gpuyard.sim.kube import Kubectl
+from gpuyard.sim.submit import SUCCEEDED, SubmitFailed, submit
 from sim_running import pod_ended, running_sim
 from test_workload_library import readme_script
 
@@ -208,18 +209,22 @@ class Gangs:
         return trainer_args(uri, EPOCHS).model_copy(update={"model": "mlp", "dataset_size": DATASET_SIZE,
                                                             "save_every_steps": SAVE_EVERY_STEPS, **changes})
 
-    def submit(self, name: str, args: TrainArgs, kind: str = "pytorchjob", cpu: str = "0.9") -> float:
-        """Render the job ``name`` of ``kind`` running the reference trainer with ``args`` (the words after `--`),
-        apply it; returns when."""
-        # LOGLEVEL: torchrun's agent then logs each rank's place in the rendezvous and the signals it gets
+    def render(self, name: str, words: list[str], kind: str = "pytorchjob", cpu: str = "0.9", image: str = "",
+               log_level: str = "INFO") -> str:
+        """`gpuyard render` of the job ``name`` of ``kind`` running the command ``words`` (after `--`), on the
+        kind's image in the sim's registry unless ``image`` is given."""
+        # LOGLEVEL INFO: torchrun's agent then logs each rank's place in the rendezvous and the signals it gets
         # (torch/distributed/elastic utils/logging.py reads it; its default is WARNING)
-        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region, "LOGLEVEL": "INFO"}
-        rendered = subprocess.run(
+        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region, "LOGLEVEL": log_level}
+        return subprocess.run(
             [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", kind,
              "--name", name, "--gpus-per-node", "0", "--cpu", cpu, "--registry", self.registry_prefix,
-             *(f"--env={k}={v}" for k, v in env.items()), "--", "-m", TRAIN_MODULE, *args.to_argv()],
+             *(["--image", image] if image else []), *(f"--env={k}={v}" for k, v in env.items()), "--", *words],
             capture_output=True, text=True, check=True).stdout
-        self.kubectl.run("apply", "-f", "-", stdin=rendered)
+
+    def submit(self, name: str, args: TrainArgs, kind: str = "pytorchjob", cpu: str = "0.9") -> float:
+        """Render the job ``name`` of ``kind`` running the reference trainer with ``args``, apply it; returns when."""
+        self.kubectl.run("apply", "-f", "-", stdin=self.render(name, ["-m", TRAIN_MODULE, *args.to_argv()], kind, cpu))
         return time.monotonic()
 
     def checkpoints(self, args: TrainArgs) -> Checkpointer:
@@ -693,3 +698,38 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
     stopped = _user_lines("\n".join(_read(logs).values()))
     assert {(line["step"], line["exit"]) for line in stopped} == {(stopped[0]["step"], 143)}, stopped
     assert _manifest_steps(gangs, cancelled)[-1] == stopped[0]["step"]  # the stop's checkpoint, saved in the grace
+
+
+def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeeded_else_says_what_the_kubelet_saw(
+        sim, gangs, tmp_path):
+    """`gpuyard sim submit` (gpuyard.sim.submit) on a cluster with real nodes follows a job to its end, not to a
+    running gang: a short reference run succeeds there; a trainer given an argument it does not know exits 2, which
+    the operator does not retry, and the failure names the container's exit and its last lines; an image the
+    registry does not hold is reported with the kubelet's pull error when the wait ends."""
+    said: list[str] = []
+    short = gangs.trainer_args("short").model_copy(update={"dataset_size": 512, "save_every_steps": 4})
+    (tmp_path / "short.yaml").write_text(gangs.render("short", ["-m", TRAIN_MODULE, *short.to_argv()]))
+    [job] = submit(sim, [tmp_path / "short.yaml"], JOB_TIMEOUT_SECONDS, said.append)
+    assert job.outcome == SUCCEEDED and set(job.nodes.values()) == {CPU_NODE}, said
+    assert any(line.endswith(f"its containers ran on real nodes ({CPU_NODE}) and its operator saw them succeed")
+               for line in said), said
+    assert gangs.checkpoints(short).read(manifest_name(EPOCHS * 512 // 64)).step == EPOCHS * 512 // 64
+
+    # torchrun's agent at its default log level, as a user runs it: the trainer's own error is in the last lines
+    (tmp_path / "typo.yaml").write_text(gangs.render("typo", ["-m", TRAIN_MODULE, "--no-such-flag"], log_level="WARNING"))
+    with pytest.raises(SubmitFailed) as failed:
+        submit(sim, [tmp_path / "typo.yaml"], POD_TIMEOUT_SECONDS, print)
+    message = str(failed.value)
+    print(message)
+    assert message.startswith(f"PyTorchJob {NAMESPACE}/typo Failed: ") and "container pytorch: exit 2 (Error)" in message
+    assert "unrecognized arguments: --no-such-flag" in message
+
+    (tmp_path / "unbuilt.yaml").write_text(gangs.render("unbuilt", ["-m", TRAIN_MODULE],
+                                                        image=f"{gangs.registry_prefix}/never-built:0"))
+    with pytest.raises(SubmitFailed) as failed:
+        submit(sim, [tmp_path / "unbuilt.yaml"], 60, print)
+    message = str(failed.value)
+    print(message)
+    assert message.startswith(f"PyTorchJob {NAMESPACE}/unbuilt not running after 60s: ") and re.search(
+        r"container pytorch: (ErrImagePull|ImagePullBackOff): .*never-built:0", message), message
+    gangs.kubectl.run("delete", "pytorchjob", "unbuilt", "-n", NAMESPACE, "--wait=false")

@@ -180,9 +180,12 @@ def submit(
     files: list[Path] = typer.Argument(..., help="Manifests to apply (gpuyard render output)."),
     stack: str = STACK,
     wait: float = typer.Option(120, "--wait", parser=number(0, MAX_WAIT_SECONDS), metavar="SECONDS",
-                               help=f"Seconds to wait for the gang to run, 0 to {MAX_WAIT_SECONDS}."),
+                               help=f"Seconds to wait for the gang to run (with real nodes: for the job to end), "
+                                    f"0 to {MAX_WAIT_SECONDS}."),
 ) -> None:
-    """Server-side apply, then follow each job until its gang runs (exit 0) or fails or times out (exit 1)."""
+    """Server-side apply, then follow each job until its gang runs (exit 0) or fails or times out (exit 1); with real
+    nodes (`sim up --real-nodes`) until it ends: exit 0 only when it succeeded there, else what the kubelet, the
+    operator or the container said (exit 1)."""
     from gpuyard.sim.submit import SubmitFailed, submit as submit_jobs
 
     for path in files:
