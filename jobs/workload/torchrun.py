@@ -8,12 +8,13 @@ re-raised through ``@record`` (torch/distributed/run.py ``main``). This runs tha
 exits instead with the highest status among the failed workers (a signal counts as 128 + its number):
 a rank that exits 1 (non-finite loss) or 2 (lease or identity) ends the pod with that status, which
 the templates treat as final, while a rank killed or stopped (137, 143) outranks the others' status and
-reads "retry". A SIGTERM to the agent itself exits 143 once torchrun has stopped its workers, also when torch
-loses its SignalException: its ``prof`` wrapper (torch/distributed/elastic/metrics/api.py) assigns ``start =
-time.time()`` inside the ``try`` whose ``finally`` reads ``start``, so a SIGTERM raised at that assignment
-surfaces as an UnboundLocalError (the SignalException its ``__context__``), which torchrun alone ends with 1, the
-final status. Measured in the sim: a TrainJob rank's pod deleted mid-run exited 1 and its JobSet failed. The
-workers are stopped all the same (``SimpleElasticAgent.run`` shuts them down in its ``finally``).
+reads "retry". A SIGTERM to the agent itself exits 143 once torchrun has stopped its workers (said on stderr:
+``torchrun: stopped by signal 15, exit 143``), also when torch loses its SignalException: its ``prof`` wrapper
+(torch/distributed/elastic/metrics/api.py) assigns ``start = time.time()`` inside the ``try`` whose ``finally``
+reads ``start``, so a SIGTERM raised at that assignment surfaces as an UnboundLocalError (the SignalException its
+``__context__``), which torchrun alone ends with 1, the final status. Measured in the sim: a TrainJob rank's pod
+deleted mid-run exited 1 and its JobSet failed. The workers are stopped all the same (``SimpleElasticAgent.run``
+shuts them down in its ``finally``).
 
 torchrun's own restarts (``--max-restarts``) rerun the worker group after any failure, whatever its
 status (torch/distributed/elastic/agent/server/api.py ``SimpleElasticAgent._invoke_run``: a FAILED or
@@ -53,6 +54,7 @@ def main(argv: list[str]) -> None:
     except Exception as error:
         if (signum := signal_of(error)) is None:
             raise
+        sys.stderr.write(f"torchrun: stopped by signal {signum}, exit {128 + signum}\n")
         raise SystemExit(128 + signum) from None
 
 
