@@ -4,15 +4,17 @@ gang-schedules them, the operators start their pods, the ranks find each other t
 checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded; the same job with its worker's pod
 deleted mid-run stops on the kubelet's SIGTERM, is recreated by the Training Operator and ends bitwise identical to
 the first; one that diverges exits 1 and is never retried; an MPIJob with a worker's pod deleted mid-run is rerun by
-its launcher and ends bitwise identical to the PyTorchJob. A user's own script (the README's) goes the user's way:
-`gpuyard images build --context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a preemption it
-resumes from, `gpuyard cancel`.
+its launcher and ends bitwise identical to the PyTorchJob, and so do a TrainJob restarted by JobSet and a Volcano
+Job restarted by Volcano, each with a rank's pod deleted mid-run. A user's own script (the README's) goes the
+user's way: `gpuyard images build --context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a
+preemption it resumes from, `gpuyard cancel`.
 
 The ranks are CPU-only (`--gpus-per-node 0`): all run on the one real node of the CPU NodePool, since the ddp image
-unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` (an MPIJob's workers
-0.45, beside its launcher's 1) because that node has the machine's 2 cores, not an m7i.2xlarge's 8. The trainer is
-the template's reference trainer with its arguments given after `--`, with the `mlp` model and a larger dataset, so
-that a run trains long enough to be interrupted (the template's `linear` model on 2048 samples trains in a second).
+unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` (the workers of an
+MPIJob or a Volcano Job 0.45, beside its launcher's 1) because that node has the machine's 2 cores, not an
+m7i.2xlarge's 8. The trainer is the template's reference trainer with its arguments given after `--`, with the
+`mlp` model and a larger dataset, so that a run trains long enough to be interrupted (the template's `linear` model
+on 2048 samples trains in a second).
 The stack's S3 bucket is a moto_server on the sim's bridge that these tests start (the sim has no S3 endpoint of its
 own yet), reached through the `--env` variables boto3 reads.
 Needs what tests/test_sim_real_node.py needs (Go, the images in the registry's storage, the pause package cached).
@@ -39,7 +41,7 @@ import pytest
 import torch
 
 from gpuyard.infra.config import StackConfig, Team, load_stack
-from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME
+from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, ENV_GRACE_PERIOD_SECONDS
 from gpuyard.jobs.local_aws import LocalAWS, free_port
 from gpuyard.jobs.processes import die_with_parent
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
@@ -50,7 +52,7 @@ from gpuyard.jobs.workload.train import identity
 from gpuyard.sim import coredns, pause, realnode
 from gpuyard.sim.images import build_images
 from gpuyard.sim.kube import Kubectl
-from gpuyard.sim.submit import SUCCEEDED, SubmitFailed, submit
+from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
 from sim_running import pod_ended, running_sim
 from test_workload_library import readme_script
 
@@ -64,6 +66,8 @@ STACK = "dev"
 CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool
 TEAM, NAMESPACE = "vision", "team-vision"
 JOB, PREEMPTED, DIVERGED, MPI_PREEMPTED = "gang", "preempted", "diverged", "mpi-preempted"
+TRAINJOB_PREEMPTED, VOLCANO_PREEMPTED = "tj-preempted", "vc-preempted"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # a TrainJob's node rank, on each pod of its Job
 # 512 steps of 64 samples: the kind of run these ranks train for 10 s on an idle machine and 2 min on a busy one
 # (measured 250 to 5000 samples/s: the node's containers share the 2 cores with everything else here)
 EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS = 4, 8192, 64
@@ -269,8 +273,8 @@ def _events(logs: str, event: str) -> list[dict]:
 
 
 def _job_state(kubectl, name: str, kind: str = "pytorchjob") -> str:
-    conditions = kubectl.get(kind, name, NAMESPACE).get("status", {}).get("conditions", [])
-    return next((c["type"] for c in reversed(conditions) if c["status"] == "True"), "")
+    """The phase the job's operator reports (``kind``: its kubectl resource name)."""
+    return job_phase(kubectl.get(kind, name, NAMESPACE))
 
 
 def _pods(kubectl, name: str) -> dict[str, dict]:
@@ -278,7 +282,7 @@ def _pods(kubectl, name: str) -> dict[str, dict]:
 
 
 def _ended(kubectl, name: str, applied: float, kind: str = "pytorchjob") -> Ended:
-    while (state := _job_state(kubectl, name, kind)) not in ("Succeeded", "Failed") and (
+    while (state := _job_state(kubectl, name, kind)) not in (*ENDED, *FAILED) and (
             time.monotonic() < applied + JOB_TIMEOUT_SECONDS):
         time.sleep(3)
     seconds = time.monotonic() - applied
@@ -391,12 +395,20 @@ def _stopped(stopped: list[dict], args: TrainArgs) -> dict:
     return stopped[0]
 
 
+def _torchrun_stopped_by_sigterm(log: str) -> bool:
+    """The kubelet's SIGTERM reached the pod's torchrun, which passed it to its rank and then exited 143, as
+    gpuyard.jobs.workload.torchrun says (torch's own line, "Received 15 death signal", is missing when its metrics
+    wrapper loses the signal)."""
+    return re.search(r"closing signal SIGTERM\n(.*\n)*torchrun: stopped by signal 15, exit 143\n", log) is not None
+
+
 def _assert_resumed_as_uninterrupted(gangs: Gangs, args: TrainArgs, resumed: list[dict], stopped: dict,
                                      done: list[dict], reference: Reference) -> None:
     """The run of ``args`` resumed once, at the step it stopped, and its final checkpoint is the reference's, bit
     for bit (model, optimizer, progress and every rank's RNG)."""
     assert [(e["global_step"], e["checkpoint"]) for e in resumed] == [(stopped["global_step"], stopped["checkpoint"])]
     assert len(done) == 1 and done[0]["weights_sha256"] == _events(reference.all_logs, "done")[0]["weights_sha256"]
+    assert done[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(STEPS)}"  # in the team's prefix
     ours = gangs.checkpoints(args).read(manifest_name(STEPS))
     theirs = gangs.checkpoints(gangs.trainer_args(JOB)).read(manifest_name(STEPS))
     assert sorted(ours.state) == ["model", "optimizer", "progress", "ranks", "step"]
@@ -474,9 +486,7 @@ def test_a_rank_whose_pod_is_deleted_mid_run_stops_on_the_kubelets_sigterm_and_t
     print(f"both trainers exited {stop_seconds:.1f}s after the worker's pod was deleted")
     assert stop_seconds < args.grace_period
     first_logs = _read(first_logs)
-    # the kubelet's SIGTERM reached the worker's torchrun, which logs it (by number) and forwards it to its rank
-    assert re.search(r"Received 15 death signal, shutting down workers\n.*closing signal SIGTERM", first_logs[worker]), (
-        first_logs[worker][-3000:])
+    assert _torchrun_stopped_by_sigterm(first_logs[worker]), first_logs[worker][-3000:]
     stopped = _stopped(_events("\n".join(first_logs.values()), "stopped"), args)
     _running(kubectl, PREEMPTED, [master, worker], replacing=first)  # the operator made both pods again
     with _followed_to_the_end(kubectl, [master, worker], tmp_path, "second") as second_logs:
@@ -557,6 +567,134 @@ def test_an_mpijob_worker_pod_deleted_mid_run_stops_its_ranks_and_the_launcher_r
     stopped = _stopped(_events(launcher_log, "stopped"), args)
     _assert_resumed_as_uninterrupted(gangs, args, _events(launcher_log, "resume"), stopped,
                                      _events(launcher_log, "done"), reference)
+
+
+def _ranks_running(kubectl, name: str, replacing: set[str] = frozenset()) -> dict[int, dict]:
+    """A TrainJob's pods by node rank (their Job's completion index; JobSet names them at random) once the trainer
+    runs in one pod of each rank, none of them a pod whose UID is in ``replacing``."""
+    deadline = time.monotonic() + POD_TIMEOUT_SECONDS
+    while True:
+        found = _pods(kubectl, name)
+        ranks = {int(pod["metadata"]["annotations"][COMPLETION_INDEX]): pod for pod in found.values()
+                 if "running" in _trainer_state(pod) and pod["metadata"]["uid"] not in replacing}
+        if len(ranks) == 2:
+            return ranks
+        assert time.monotonic() < deadline, json.dumps({p: v["status"] for p, v in found.items()})[-3000:]
+        time.sleep(1)
+
+
+def _grace_the_trainer_is_told(pod: dict) -> set[float]:
+    """The grace periods the pod's trainer is given: its ``--grace-period`` argument and its contract variables."""
+    container = pod["spec"]["containers"][0]
+    argv = [*container.get("command", []), *container.get("args", [])]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    return {float(argv[argv.index("--grace-period") + 1]), float(env[ENV_GRACE_PERIOD_SECONDS]),
+            float(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])}
+
+
+def test_a_trainjob_rank_whose_pod_is_deleted_mid_run_stops_and_the_restarted_jobset_resumes_bitwise(
+        gangs, reference, tmp_path):
+    """The rendered 2-rank TrainJob (Kubeflow Trainer v2.3.0 on the team's TrainingRuntime for the cpu pool) runs the
+    reference trainer on the real node: its pods' grace period is the one the trainer is told. Rank 1's pod deleted
+    after the first checkpoint: the kubelet SIGTERMs its torchrun, the ranks agree the stop, rank 0 saves and both
+    exit 143. The node Job fails (backoffLimit 0; 143 matches no podFailurePolicy rule, so its reason is
+    BackoffLimitExceeded), which no rule of the JobSet's failurePolicy names, so JobSet restarts the whole JobSet
+    (kubernetes-sigs/jobset v0.12.0 pkg/controllers/failure_policy.go: no matching rule means
+    ``defaultFailurePolicyRuleAction`` RestartJobSet; jobset_controller.go deleteJobs deletes the old Jobs in the
+    foreground, so the new gang starts once the old pods are gone). It resumes at the saved step, the TrainJob ends
+    Complete (pkg/apis/trainer/v1alpha1/trainjob_types.go TrainJobComplete) and its final checkpoint is the
+    uninterrupted PyTorchJob's, bit for bit: same image, arguments, world size and CPU limit."""
+    kubectl, args, name = gangs.kubectl, gangs.trainer_args(TRAINJOB_PREEMPTED), TRAINJOB_PREEMPTED
+    resource = JOB_RESOURCES["TrainJob"]
+    applied = gangs.submit(name, args, kind="trainjob")
+    first = _ranks_running(kubectl, name)
+    for pod in first.values():
+        assert pod["spec"]["nodeName"] == CPU_NODE and pod["spec"]["schedulerName"] == "volcano"
+        assert _grace_the_trainer_is_told(pod) == {pod["spec"]["terminationGracePeriodSeconds"]} == {args.grace_period}
+    names = [first[rank]["metadata"]["name"] for rank in (0, 1)]
+    with _followed_to_the_end(kubectl, names, tmp_path, "first") as first_logs:
+        _first_checkpoint(gangs.checkpoints(args), lambda: _job_state(kubectl, name, resource) not in (*ENDED, *FAILED))
+        deleted = _delete_pod(kubectl, names[1])
+    stop_seconds = time.monotonic() - deleted
+    print(f"both trainers exited {stop_seconds:.1f}s after rank 1's pod was deleted")
+    assert stop_seconds < args.grace_period
+    first_logs = _read(first_logs)
+    assert _torchrun_stopped_by_sigterm(first_logs[names[1]]), first_logs[names[1]][-3000:]
+    stopped = _stopped(_events("\n".join(first_logs.values()), "stopped"), args)
+    second = _ranks_running(kubectl, name, {pod["metadata"]["uid"] for pod in first.values()})
+    with _followed_to_the_end(kubectl, [second[rank]["metadata"]["name"] for rank in (0, 1)], tmp_path,
+                              "second") as second_logs:
+        ended = _ended(kubectl, name, applied, kind=resource)
+    second_logs = "\n".join(_read(second_logs).values())
+    assert ended.state == "Complete", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    assert kubectl.get("jobsets.jobset.x-k8s.io", name, NAMESPACE)["status"]["restarts"] == 1
+    _assert_resumed_as_uninterrupted(gangs, args, _events(second_logs, "resume"), stopped,
+                                     _events(second_logs, "done"), reference)
+
+
+def test_a_volcano_job_worker_pod_deleted_mid_run_stops_its_ranks_and_volcano_restarts_the_job_to_the_same_bits(
+        gangs, reference, tmp_path):
+    """The rendered Volcano Job (its mpimaster's mpirun over two mpiworkers, 0.45 CPU each beside the master's 1):
+    worker 1's pod deleted after the first checkpoint, the kubelet SIGTERMs its PID 1, tini, which passes it to
+    images/mpi/entrypoint.sh, which SIGTERMs the rank there; the ranks agree the stop, rank 0 saves and both exit
+    143. The first pod to fail then (exit 143, below none of the ``exitCode`` policies) is a PodFailed event, whose
+    policy restarts the job (volcano-sh/volcano v1.14.1 pkg/controllers/job/job_controller_handler.go updatePod,
+    job_controller_util.go applyPolicies; state/running.go RestartJob kills every pod and counts a retry;
+    state/restarting.go creates them again once none is terminating). The new gang resumes at the saved step and
+    the master completes the job (TaskCompleted: CompleteJob) with the uninterrupted PyTorchJob's final state."""
+    kubectl, args, name = gangs.kubectl, gangs.trainer_args(VOLCANO_PREEMPTED), VOLCANO_PREEMPTED
+    resource = JOB_RESOURCES["Job"]
+    master, workers = f"{name}-mpimaster-0", [f"{name}-mpiworker-0", f"{name}-mpiworker-1"]
+    applied = gangs.submit(name, args, kind="volcanojob", cpu="0.45")
+    first = _running(kubectl, name, [master, *workers])
+    with _followed_to_the_end(kubectl, [master, workers[1]], tmp_path, "first") as first_logs:
+        _first_checkpoint(gangs.checkpoints(args), lambda: _job_state(kubectl, name, resource) not in (*ENDED, *FAILED))
+        deleted = _delete_pod(kubectl, workers[1])
+    stop_seconds = time.monotonic() - deleted
+    print(f"the master and the deleted worker exited {stop_seconds:.1f}s after the worker's pod was deleted")
+    first_logs = _read(first_logs)
+    assert "entrypoint.sh: SIGTERM to ranks" in first_logs[workers[1]], first_logs[workers[1]][-3000:]
+    assert stop_seconds < args.grace_period
+    stopped = _stopped(_events(first_logs[master], "stopped"), args)
+    _running(kubectl, name, [master, *workers], replacing=first)  # Volcano made every pod again
+    ended = _ended(kubectl, name, applied, kind=resource)
+    assert ended.state == "Completed", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    assert kubectl.get(resource, name, NAMESPACE)["status"]["retryCount"] == 1
+    assert _trainer_state(ended.pods[master])["terminated"]["exitCode"] == 0
+    master_log = kubectl.run("logs", master, "-n", NAMESPACE)
+    print(f"--- {master} (second run)\n{master_log[-3000:]}")
+    _assert_resumed_as_uninterrupted(gangs, args, _events(master_log, "resume"), stopped, _events(master_log, "done"),
+                                     reference)
+
+
+def _diverged(gangs: Gangs, name: str, kind: str, cpu: str, resource: str) -> Ended:
+    """The job ``name`` of ``kind`` with a learning rate that makes the loss non-finite, as its operator ended it;
+    a while after, no pod was made again, the state is the same and rank 0 reported the non-finite loss."""
+    applied = gangs.submit(name, gangs.trainer_args(name, lr=5.0), kind=kind, cpu=cpu)
+    ended = _ended(gangs.kubectl, name, applied, kind=resource)
+    time.sleep(FINAL_WATCH_SECONDS)
+    after = _pods(gangs.kubectl, name)
+    uids = {pod["metadata"]["uid"] for pod in ended.pods.values()}
+    assert after and {pod["metadata"]["uid"] for pod in after.values()} <= uids, sorted(after)
+    assert _job_state(gangs.kubectl, name, resource) == ended.state
+    logs = "\n".join(gangs.kubectl.run("logs", pod, "-n", NAMESPACE) for pod in after)
+    nonfinite = _events(logs, "nonfinite")
+    assert len(nonfinite) == 1 and nonfinite[0]["checkpoint"] is None, logs[-3000:]
+    return ended
+
+
+def test_a_trainer_exiting_1_fails_the_trainjob_and_jobset_never_restarts_it(gangs):
+    """Both ranks exit 1 (non-finite loss): the runtime's podFailurePolicy fails the node Job (reason
+    PodFailurePolicy), the JobSet's ``finalExitCodes`` rule fails the JobSet (kubernetes-sigs/jobset v0.12.0
+    pkg/controllers/failure_policy.go: the first matching rule's FailJobSet) and Trainer the TrainJob; every pod is
+    of the first attempt (JobSet labels each with its restart count, pkg/constants/constants.go RestartsKey)."""
+    resource = JOB_RESOURCES["TrainJob"]
+    ended = _diverged(gangs, "tj-diverged", "trainjob", "0.9", resource)
+    assert ended.state == "Failed", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    assert gangs.kubectl.get("jobsets.jobset.x-k8s.io", "tj-diverged", NAMESPACE)["status"].get("restarts", 0) == 0
+    for pod in _pods(gangs.kubectl, "tj-diverged").values():
+        assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
+        assert _trainer_state(pod)["terminated"]["exitCode"] == 1
 
 
 # A user's own script (the README's, on gpuyard's checkpoint library), as a data scientist takes it to the cluster

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -263,6 +264,42 @@ def test_torchrun_as_templated_exits_with_its_workers_status(exit_codes, status)
     from gpuyard.jobs.workload.torchrun import worker_status
 
     assert worker_status(exit_codes) == status
+
+
+# torchrun under gpuyard.jobs.workload.torchrun, with the kubelet's SIGTERM arriving as torch's ``prof`` wrapper
+# reads its clock (torch/distributed/elastic/metrics/api.py: ``start = time.time()`` inside the try its finally
+# reads ``start`` from): the one SIGTERM is sent from that clock read, once torchrun's handler is installed
+SIGTERM_AT_PROF_CLOCK = """
+import os, signal, sys, time
+from torch.distributed.elastic.metrics import api as metrics
+class Clock:
+    sent = False
+    def time(self):
+        handler = signal.getsignal(signal.SIGTERM)
+        starting = sys._getframe(1).f_code.co_name == "wrapper"  # not get_elapsed_time_ms, in the finally
+        if starting and not self.sent and callable(handler) and handler.__name__ == "_terminate_process_handler":
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return time.time()
+metrics.time = Clock()
+from gpuyard.jobs.workload.torchrun import main
+main(sys.argv[1:])
+"""
+RANK_STOPPED_BY_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, lambda *_: exit(143)); time.sleep(120)"
+
+
+def test_torchrun_as_templated_exits_143_when_its_sigterm_lands_in_torchs_metrics_wrapper(tmp_path):
+    """There the SignalException becomes an UnboundLocalError (torch 2.13: ``start`` unassigned), which torchrun
+    alone ends with 1, the final status; measured in the sim, a TrainJob rank's pod deleted mid-run exited 1 and its
+    JobSet failed instead of restarting. The stop itself still happens (the agent's ``run`` stops its workers in its
+    ``finally``), so the status is the signal's."""
+    (tmp_path / "rank.py").write_text(RANK_STOPPED_BY_SIGTERM)
+    result = subprocess.run([sys.executable, "-c", SIGTERM_AT_PROF_CLOCK, "--standalone", "--nproc-per-node", "1",
+                             "--monitor-interval", "0.1", str(tmp_path / "rank.py")],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert re.search(r"Sending process \d+ closing signal SIGTERM\n(.*\n)*torchrun: stopped by signal 15, exit 143\n$",
+                     result.stderr), result.stderr[-3000:]
 
 
 def test_the_launch_supervisor_needs_a_command_after_a_double_dash():
