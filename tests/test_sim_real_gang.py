@@ -854,7 +854,8 @@ def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeede
     assert gangs.checkpoints(short).read(manifest_name(EPOCHS * 512 // 64)).step == EPOCHS * 512 // 64
 
     # torchrun's agent at its default log level, as a user runs it: the trainer's own error is in the last lines
-    (tmp_path / "typo.yaml").write_text(gangs.render("typo", ["-m", TRAIN_MODULE, "--no-such-flag"], log_level="WARNING"))
+    (tmp_path / "typo.yaml").write_text(gangs.render("typo", ["-m", TRAIN_MODULE, *short.to_argv(), "--no-such-flag"],
+                                                     log_level="WARNING"))
     with pytest.raises(SubmitFailed) as failed:
         submit(sim, [tmp_path / "typo.yaml"], POD_TIMEOUT_SECONDS, print)
     message = str(failed.value)
