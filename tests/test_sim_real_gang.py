@@ -867,6 +867,9 @@ def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeede
     print(message)
     assert message.startswith(f"PyTorchJob {NAMESPACE}/typo Failed: ") and "container pytorch: exit 2 (Error)" in message
     assert "unrecognized arguments: --no-such-flag" in message
+    # exit 2 is final: never restarted, though the operator's status update records "is restarting" for any failure
+    [typo] = json.loads(_gpuyard(sim, "status", "typo", "--team", TEAM, "--json").stdout)
+    assert (typo["phase"], typo["restarts"]) == ("Failed", 0), typo
 
     (tmp_path / "unbuilt.yaml").write_text(gangs.render("unbuilt", ["-m", TRAIN_MODULE],
                                                         image=f"{gangs.registry_prefix}/never-built:0"))

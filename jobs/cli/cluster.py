@@ -152,8 +152,11 @@ class Jobs:
     def restarts(self, job: dict[str, Any]) -> int:
         """How often the job's operator started it, or a part of it, again after a failure, as each kind records it:
         - PyTorchJob: the operator deletes a failed pod it will retry and records a ``PyTorchJobRestarting`` event
-          per replica type (kubeflow/training-operator v1.9.4 pkg/controller.v1/common/pod.go ReconcilePods); the
-          events' counts are summed (so a gang whose two pods both failed counts 2; events expire after an hour);
+          "job NAME is restarting because TYPE replica(s) failed." (kubeflow/training-operator v1.9.4
+          pkg/controller.v1/common/pod.go ReconcilePods); those events' counts are summed (a gang whose two pods both
+          failed counts 2; events expire after an hour). Its status update records the same reason for any failed
+          replica unless the policy is Never, a final exit code's too ("PyTorchJob NAME is restarting because N TYPE
+          replica(s) failed.", pkg/controller.v1/pytorch/pytorchjob_controller.go UpdateJobStatus): not counted;
         - MPIJob: the launcher Job's failed pods (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go
           updateMPIJobStatus: ``launcherStatus.Failed = launcher.Status.Failed``); the launcher's own reruns of
           mpirun (gpuyard.jobs.workload.launch) are in its log only;
@@ -168,8 +171,10 @@ class Jobs:
         status, name = job.get("status") or {}, job["metadata"]["name"]
         if job["kind"] == "PyTorchJob":
             uid = job["metadata"]["uid"]
+            restarted = f"job {name} is restarting because "
             return sum(event.get("count") or 1 for event in self.kubectl.items("events", namespace=self.team.namespace)
-                       if event["involvedObject"].get("uid") == uid and event.get("reason") == "PyTorchJobRestarting")
+                       if event["involvedObject"].get("uid") == uid and event.get("reason") == "PyTorchJobRestarting"
+                       and event.get("message", "").startswith(restarted))
         if job["kind"] == "MPIJob":
             return (status.get("replicaStatuses") or {}).get("Launcher", {}).get("failed", 0)
         if job["kind"] == "Job":
