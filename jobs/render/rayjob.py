@@ -46,6 +46,14 @@ LABEL_QUEUE = "volcano.sh/queue-name"
 LABEL_PRIORITY_CLASS = "ray.io/priority-class-name"
 WORKER_GROUP = "workers"
 RAY_METRICS_PORT = "8080"
+# The Ray in images/ray/Dockerfile (ARG RAY_VERSION). KubeRay v1.6.0 gives the Ray containers HTTP health probes
+# only when rayVersion says 2.53.0 or later, and otherwise `wget` probes that an image without wget always fails
+# (ray-operator/controllers/ray/common/pod.go, initLivenessAndReadinessProbe, supportsUnifiedHealthCheck).
+RAY_VERSION = "2.60.0"
+# The submitter only runs `ray job submit` and follows the logs; KubeRay's own default container asks this much
+# (ray-operator/controllers/ray/common/job.go v1.6.0, GetDefaultSubmitterContainer), and Volcano's PodGroup reserves
+# it beside the gang (controllers/ray/batchscheduler/volcano/volcano_scheduler.go, getSubmitterResource).
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
 def entrypoint(spec: JobSpec) -> str:
@@ -109,7 +117,8 @@ def submitter_template(spec: JobSpec, team: Team) -> dict:
     (infra/admission.py) refuse it, and the RayJob would never submit. KubeRay fills in the command and the
     dashboard address of a template whose container has none (rayjob_controller.go, getSubmitterTemplate).
     """
-    submitter = container("ray-job-submitter", spec.image, helper_resources())
+    submitter = container("ray-job-submitter", spec.image,
+                          {key: dict(amounts) for key, amounts in SUBMITTER_RESOURCES.items()})
     template = helper_pod(spec, team, "submitter", submitter, scheduler_name=SCHEDULER_NAME, restart_policy="Never")
     template["metadata"]["annotations"][ANNOTATION_QUEUE_NAME] = team.queue
     return template
@@ -128,6 +137,7 @@ def render(spec: JobSpec, team: Team) -> dict:
             "backoffLimit": 0,  # the Ray entry retries itself, never a final exit (see above)
             "submitterPodTemplate": submitter_template(spec, team),
             "rayClusterSpec": {
+                "rayVersion": RAY_VERSION,
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": head_group(spec, team),
                 "workerGroupSpecs": [worker_group(spec, team)],
