@@ -26,6 +26,7 @@ from gpuyard.jobs.local_aws import free_port
 from gpuyard.jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS, wait_for_sshd
 from gpuyard.jobs.spec import KINDS, MAX_RESTARTS, SpecError, parse_env, parse_nodes, trainer_args
 from gpuyard.jobs.workload.args import LAUNCH_MODULE, RAY_MODULE, TORCHRUN_MODULE, TRAIN_MODULE, parse_args
+from dockerfile_parse import Dockerfile
 from render_helpers import (
     STACK,
     make_spec,
@@ -203,6 +204,23 @@ def test_rayjob_is_volcano_scheduled_and_cleans_up():
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 120
     group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+
+
+def test_rayjob_names_the_ray_version_its_image_installs():
+    """KubeRay v1.6.0 probes the Ray containers over HTTP only when rayVersion is 2.53.0 or later, otherwise with
+    `wget`, which an image without it always fails (ray-operator/controllers/ray/common/pod.go,
+    supportsUnifiedHealthCheck): the version must be the image's."""
+    ray_version = rendered("rayjob")["spec"]["rayClusterSpec"]["rayVersion"]
+    assert ray_version == Dockerfile.of("ray").arg_defaults()["RAY_VERSION"]
+    assert tuple(map(int, ray_version.split("."))) >= (2, 53, 0)
+
+
+def test_a_rayjobs_submitter_asks_kuberays_default_resources_not_a_whole_helper_cpu():
+    """It runs `ray job submit` and follows logs; Volcano reserves its request beside the gang (KubeRay v1.6.0
+    controllers/ray/batchscheduler/volcano/volcano_scheduler.go, getSubmitterResource)."""
+    pod = rendered("rayjob", gpus_per_node=0)["spec"]["submitterPodTemplate"]["spec"]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"},
+                                                 "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
 def test_trainjob_references_the_runtime_and_sizes_nodes():
