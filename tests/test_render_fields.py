@@ -215,6 +215,16 @@ def test_rayjob_names_the_ray_version_its_image_installs():
     assert tuple(map(int, ray_version.split("."))) >= (2, 53, 0)
 
 
+def test_a_rayjobs_head_where_the_driver_opens_the_storage_gets_the_contract_and_the_specs_env():
+    """Measured on the sim's real nodes: without them the driver's storage check failed, `Unable to locate
+    credentials`, and the Ray job with it."""
+    manifest = rendered("rayjob", env={"AWS_ENDPOINT_URL": "https://s3.local"})
+    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in head["env"]}
+    assert env["AWS_ENDPOINT_URL"] == "https://s3.local"
+    assert env["GPUYARD_CHECKPOINT_URI"] == manifest["metadata"]["annotations"]["gpuyard.io/checkpoint-uri"]
+
+
 def test_a_rayjobs_submitter_asks_kuberays_default_resources_not_a_whole_helper_cpu():
     """It runs `ray job submit` and follows logs; Volcano reserves its request beside the gang (KubeRay v1.6.0
     controllers/ray/batchscheduler/volcano/volcano_scheduler.go, getSubmitterResource)."""

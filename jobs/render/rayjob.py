@@ -29,6 +29,7 @@ from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECOND
 from gpuyard.jobs.command import RAY_ENTRY_MODULE
 from gpuyard.jobs.render.pod import (
     container,
+    contract_env,
     helper_pod,
     helper_resources,
     metadata,
@@ -87,7 +88,10 @@ def volcano_labels(team: Team) -> dict[str, str]:
 
 
 def head_group(spec: JobSpec, team: Team) -> dict:
-    head = container("ray-head", spec.image, helper_resources())
+    """The head runs the job's driver (Ray 2.60 dashboard/modules/job/job_manager.py _get_label_selector: without entrypoint resources
+    the driver is placed on the head node), which opens the job's storage before any worker does: it gets the
+    contract and the spec's own env (credentials, endpoints) as the workers do."""
+    head = container("ray-head", spec.image, helper_resources(), env={**contract_env(spec), **spec.env})
     head["lifecycle"] = prestop(spec)
     return {
         # no training on the head: every Ray Train worker lands on a worker pod
