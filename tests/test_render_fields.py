@@ -201,7 +201,8 @@ def test_rayjob_is_volcano_scheduled_and_cleans_up():
     assert labels["volcano.sh/queue-name"] == "vision" and labels["ray.io/priority-class-name"] == "gpuyard-normal"
     assert "ray.io/scheduler-name" not in labels  # KubeRay 1.7 never reads it: --batch-scheduler=volcano does
     spec = manifest["spec"]
-    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 120
+    # KubeRay's TTL is when the finished job's RayCluster (its GPUs) goes, not the RayJob: at once, whatever --ttl
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 0
     group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
 

@@ -137,7 +137,11 @@ def render(spec: JobSpec, team: Team) -> dict:
             "entrypoint": entrypoint(spec),
             "runtimeEnvYAML": runtime_env(spec),
             "shutdownAfterJobFinishes": True,
-            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            # KubeRay deletes the finished job's RayCluster, its head and workers, this long after the end, the RayJob
+            # never (ray-operator/apis/ray/v1/rayjob_types.go v1.6.0, TTLSecondsAfterFinished;
+            # rayjob_controller.go handleShutdownAfterJobFinishes): at once, or the GPUs idle that long. Measured on
+            # the sim's real nodes: a finished RayJob's cluster kept the node, and the next RayJob waited Pending.
+            "ttlSecondsAfterFinished": 0,
             "backoffLimit": 0,  # the Ray entry retries itself, never a final exit (see above)
             "submitterPodTemplate": submitter_template(spec, team),
             "rayClusterSpec": {
