@@ -27,13 +27,14 @@ from gpuyard.infra.tenancy import PSS_LABEL
 from gpuyard.jobs.local_aws import LocalAWS
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
 from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
-from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name
+from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
 from gpuyard.sim import realnode
 from gpuyard.sim.images import build_images
 from gpuyard.sim.kube import Kubectl
 from sim_running import running_sim
+from test_sim_real_gang import _differences
 
 pytestmark = [
     pytest.mark.sim,
@@ -44,9 +45,11 @@ pytestmark = [
 STACK = "dev"
 CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: the real CPU node
 TEAM, NAMESPACE = "vision", "team-vision"
-JOB = "ray"
-# 256 steps of the mlp, a checkpoint every 32
-EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS, WORKERS = 4, 4096, 32, 2
+JOB, PREEMPTED = "ray", "ray-preempted"
+# 1024 steps of the mlp, a checkpoint every 64: a worker deleted after the first has its preStop hook stop the
+# trainer before the end (measured with 256 steps: the hook's `ray.init` on a worker's 0.25 CPU came after the
+# trainer had finished, some 30 s after the deletion)
+EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS, WORKERS = 8, 8192, 64, 2
 STEPS = EPOCHS * DATASET_SIZE // (32 * WORKERS)  # the template's --batch_size 32 a rank
 JOB_TIMEOUT_SECONDS = 1200
 
@@ -190,3 +193,36 @@ def test_the_rayjobs_submitter_ran_as_the_namespaces_restricted_pod_security_req
     container = pod["spec"]["containers"][0]["securityContext"]
     assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == {"drop": ["ALL"]}
 
+
+def test_a_ray_worker_pod_deleted_mid_run_stops_the_trainer_which_saves_and_the_rerun_ends_with_the_same_bits(rays, run):
+    """`kubectl delete pod` of a worker after the first checkpoint: its preStop hook (gpuyard.jobs.workload.ray_stop)
+    asks the trainer to stop, every rank stops at one agreed step and rank 0 saves it; the driver runs the trainer
+    again once the worker's Ray node has left, KubeRay having created the worker pod again (a worker group below
+    its replicas gets new pods: ray-operator/controllers/ray/raycluster_controller.go v1.6.0, reconcilePods); the
+    rerun resumes from that checkpoint and ends with the uninterrupted run's state, bit for bit."""
+    kubectl, args = rays.kubectl, rays.trainer_args(PREEMPTED)
+    rays.submit(PREEMPTED, args)
+    checkpoints, deadline = rays.checkpoints(args), time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not (manifests := checkpoints.manifests()) or step_of(manifests[0]) < SAVE_EVERY_STEPS:
+        status = kubectl.get("rayjob", PREEMPTED, NAMESPACE).get("status") or {}
+        assert time.monotonic() < deadline and status.get("jobDeploymentStatus") != "Complete", status
+        time.sleep(1)
+    worker = sorted(p["metadata"]["name"] for p in _component(_pods(kubectl, PREEMPTED), "worker"))[0]
+    kubectl.run("delete", "pod", worker, "-n", NAMESPACE, "--wait=false")
+    print(f"deleted {worker} after the checkpoint of step {step_of(manifests[0])}")
+    ended = _ended(kubectl, PREEMPTED)
+    _, logs = _submitter_logs(kubectl, PREEMPTED)
+    stopped = _events(logs, "stopped")
+    assert len(stopped) == 1 and SAVE_EVERY_STEPS <= stopped[0]["global_step"] < STEPS, (
+        logs[-3000:], [e["message"] for e in kubectl.items("events", NAMESPACE) if e["involvedObject"]["name"] == worker])
+    assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+        json.dumps(ended.status), logs[-3000:])
+    assert len(_component(ended.pods, "worker")) == WORKERS + 1, sorted(ended.pods)  # the deleted one made again
+    assert stopped[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(stopped[0]['global_step'])}"
+    assert "ray_entry: running the trainer again (1 of" in logs
+    resumed = _events(logs, "resume")
+    assert [(e["global_step"], e["checkpoint"]) for e in resumed] == [(stopped[0]["global_step"], stopped[0]["checkpoint"])]
+    done, reference = _events(logs, "done"), _events(run.logs, "done")
+    assert len(done) == 1 and done[0]["weights_sha256"] == reference[0]["weights_sha256"]
+    ours = checkpoints.read(manifest_name(STEPS)).state
+    assert _differences(ours, rays.checkpoints(run.args).read(manifest_name(STEPS)).state) == []
