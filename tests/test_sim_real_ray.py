@@ -47,8 +47,8 @@ CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cp
 TEAM, NAMESPACE = "vision", "team-vision"
 JOB, PREEMPTED = "ray", "ray-preempted"
 # 1024 steps of the mlp, a checkpoint every 64: a worker deleted after the first has its preStop hook stop the
-# trainer before the end (measured with 256 steps: the hook's `ray.init` on a worker's 0.25 CPU came after the
-# trainer had finished, some 30 s after the deletion)
+# trainer before the end (with 256 steps the trainer reached its end first: the hook starts Ray's client on the
+# worker's 0.25 CPU)
 EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS, WORKERS = 8, 8192, 64, 2
 STEPS = EPOCHS * DATASET_SIZE // (32 * WORKERS)  # the template's --batch_size 32 a rank
 JOB_TIMEOUT_SECONDS = 1200
