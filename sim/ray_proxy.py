@@ -26,8 +26,9 @@ from urllib.parse import urlsplit
 from gpuyard.sim.ray_head import DASHBOARD_PORT, HEAD_SERVICE
 
 TIMEOUT_SECONDS = 30.0
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
-              "transfer-encoding", "upgrade", "content-length"}
+# hop-by-hop headers (RFC 9110 section 7.6.1) and the length, which each side sets for the body it sends
+NOT_FORWARDED = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
+                 "transfer-encoding", "upgrade", "content-length"}
 
 
 class Unresolved(OSError):
@@ -73,7 +74,7 @@ class Handler(BaseHTTPRequestHandler):
         if not (url.hostname and HEAD_SERVICE.match(url.hostname) and url.port == DASHBOARD_PORT):
             return self._refuse(f"not a Ray head's dashboard: {self.path}")
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in NOT_FORWARDED}
         target = url.path + (f"?{url.query}" if url.query else "")
         try:
             head = http.client.HTTPConnection(resolve(url.hostname, self.dns), url.port, timeout=TIMEOUT_SECONDS)
@@ -84,7 +85,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._refuse(f"{url.hostname}:{url.port}: {error}")
         self.send_response_only(response.status, response.reason)
         for key, value in response.getheaders():
-            if key.lower() not in HOP_BY_HOP:
+            if key.lower() not in NOT_FORWARDED:
                 self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
