@@ -39,6 +39,7 @@ class Context:
     kubectl: Kubectl
     supervisor: Supervisor
     pytorch_init_image: str | None = None  # real nodes: the sim's busybox image (sim/pause.py) for upstream's alpine
+    cluster_dns: str | None = None  # real nodes: CoreDNS's address (sim/coredns.py), where KubeRay's proxy resolves heads
 
     def binary(self, component: str, name: str) -> str:
         return str(self.bins[component] / name)
@@ -319,8 +320,9 @@ def start_trainer(context: Context) -> None:
 
 # KubeRay (v1.6.0, see sim/versions.py): CRDs from ray-operator/config/crd/bases; flags as the stack's chart sets
 # them (infra/operators.py KUBERAY_OPERATOR_ARGS); the chart enables no webhooks by default (ENABLE_WEBHOOKS unset).
-# Its requests to the heads' dashboards go through HTTP_PROXY to sim/ray_head.py (kwok heads serve none); the API
-# server is on a loopback address, which Go never proxies.
+# Its requests to the heads' dashboards go through HTTP_PROXY: with real nodes to sim/ray_proxy.py, which forwards
+# them to the real heads; on kwok nodes only (no head runs) to sim/ray_head.py, which never reports a success. The
+# API server is on a loopback address, which Go never proxies.
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 
 
@@ -329,7 +331,9 @@ def start_kuberay(context: Context) -> None:
     context.kubectl.apply(crds)
     wait_crds(context.kubectl, crds)
     heads = free_port()
-    context.supervisor.start("ray-heads", [sys.executable, "-m", "gpuyard.sim.ray_head", f"--port={heads}"])
+    proxy = (["gpuyard.sim.ray_proxy", f"--dns={context.cluster_dns}"] if context.cluster_dns
+             else ["gpuyard.sim.ray_head"])
+    context.supervisor.start("ray-heads", [sys.executable, "-m", *proxy, f"--port={heads}"])
     wait_listening(heads, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("ray-heads"))
     context.supervisor.start("kuberay-operator", [
         context.binary("kuberay", "ray-operator"), *operators.KUBERAY_OPERATOR_ARGS, f"--kubeconfig={context.kubeconfig}",

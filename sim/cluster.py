@@ -125,7 +125,7 @@ class Sim:
             netpol.start(self.state, realnode.bridge_name(self.state), real[0]["metadata"]["name"], bins,
                          self.kubeconfig, kubectl, self.supervisor)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
-                                 pytorch_init_image=busybox)
+                                 pytorch_init_image=busybox, cluster_dns=coredns.ADDRESS if real else None)
         for name, start in addons.STARTS.items():
             if name in bins:
                 say(f"starting {name}")

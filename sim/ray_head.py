@@ -3,7 +3,8 @@
 kwok runs no containers, so a RayCluster's head pod serves no dashboard. KubeRay v1.6.0 follows a RayJob by asking
 ``http://<head service>.<namespace>.svc.<cluster domain>:8265/api/jobs/<id>`` with Go's default transport
 (ray-operator/controllers/ray/utils/util.go, GetRayDashboardClientFunc and FetchHeadServiceURL), which honours
-``HTTP_PROXY``: the simulation starts KubeRay with ``HTTP_PROXY`` pointing here. A job runs from the first time it
+``HTTP_PROXY``: a simulation without real nodes starts KubeRay with ``HTTP_PROXY`` pointing here (with real nodes,
+at sim/ray_proxy.py, which forwards to the real heads). A job runs from the first time it
 is asked about for as long as kwok runs a simulated training container (sim/kwok.py), then is STOPPED, never
 SUCCEEDED: no Ray job ran, and a stand-in never reports an outcome. STOPPED is terminal for KubeRay
 (ray-operator/apis/ray/v1/rayjob_types.go, IsJobTerminal), which then

@@ -26,6 +26,7 @@ from gpuyard.jobs.local_aws import free_port
 from gpuyard.jobs.render.mpi import SSH_PORT, SSHD_WAIT_SECONDS, wait_for_sshd
 from gpuyard.jobs.spec import KINDS, MAX_RESTARTS, SpecError, parse_env, parse_nodes, trainer_args
 from gpuyard.jobs.workload.args import LAUNCH_MODULE, RAY_MODULE, TORCHRUN_MODULE, TRAIN_MODULE, parse_args
+from dockerfile_parse import Dockerfile
 from render_helpers import (
     STACK,
     make_spec,
@@ -200,9 +201,37 @@ def test_rayjob_is_volcano_scheduled_and_cleans_up():
     assert labels["volcano.sh/queue-name"] == "vision" and labels["ray.io/priority-class-name"] == "gpuyard-normal"
     assert "ray.io/scheduler-name" not in labels  # KubeRay 1.7 never reads it: --batch-scheduler=volcano does
     spec = manifest["spec"]
-    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 120
+    # KubeRay's TTL is when the finished job's RayCluster (its GPUs) goes, not the RayJob: at once, whatever --ttl
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 0
     group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+
+
+def test_rayjob_names_the_ray_version_its_image_installs():
+    """KubeRay v1.6.0 probes the Ray containers over HTTP only when rayVersion is 2.53.0 or later, otherwise with
+    `wget`, which an image without it always fails (ray-operator/controllers/ray/common/pod.go,
+    supportsUnifiedHealthCheck): the version must be the image's."""
+    ray_version = rendered("rayjob")["spec"]["rayClusterSpec"]["rayVersion"]
+    assert ray_version == Dockerfile.of("ray").arg_defaults()["RAY_VERSION"]
+    assert tuple(map(int, ray_version.split("."))) >= (2, 53, 0)
+
+
+def test_a_rayjobs_head_where_the_driver_opens_the_storage_gets_the_contract_and_the_specs_env():
+    """Measured on the sim's real nodes: without them the driver's storage check failed, `Unable to locate
+    credentials`, and the Ray job with it."""
+    manifest = rendered("rayjob", env={"AWS_ENDPOINT_URL": "https://s3.local"})
+    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in head["env"]}
+    assert env["AWS_ENDPOINT_URL"] == "https://s3.local"
+    assert env["GPUYARD_CHECKPOINT_URI"] == manifest["metadata"]["annotations"]["gpuyard.io/checkpoint-uri"]
+
+
+def test_a_rayjobs_submitter_asks_kuberays_default_resources_not_a_whole_helper_cpu():
+    """It runs `ray job submit` and follows logs; Volcano reserves its request beside the gang (KubeRay v1.6.0
+    controllers/ray/batchscheduler/volcano/volcano_scheduler.go, getSubmitterResource)."""
+    pod = rendered("rayjob", gpus_per_node=0)["spec"]["submitterPodTemplate"]["spec"]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"},
+                                                 "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
 def test_trainjob_references_the_runtime_and_sizes_nodes():

@@ -29,6 +29,7 @@ from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECOND
 from gpuyard.jobs.command import RAY_ENTRY_MODULE
 from gpuyard.jobs.render.pod import (
     container,
+    contract_env,
     helper_pod,
     helper_resources,
     metadata,
@@ -46,6 +47,14 @@ LABEL_QUEUE = "volcano.sh/queue-name"
 LABEL_PRIORITY_CLASS = "ray.io/priority-class-name"
 WORKER_GROUP = "workers"
 RAY_METRICS_PORT = "8080"
+# The Ray in images/ray/Dockerfile (ARG RAY_VERSION). KubeRay v1.6.0 gives the Ray containers HTTP health probes
+# only when rayVersion says 2.53.0 or later, and otherwise `wget` probes that an image without wget always fails
+# (ray-operator/controllers/ray/common/pod.go, initLivenessAndReadinessProbe, supportsUnifiedHealthCheck).
+RAY_VERSION = "2.60.0"
+# The submitter only runs `ray job submit` and follows the logs; KubeRay's own default container asks this much
+# (ray-operator/controllers/ray/common/job.go v1.6.0, GetDefaultSubmitterContainer), and Volcano's PodGroup reserves
+# it beside the gang (controllers/ray/batchscheduler/volcano/volcano_scheduler.go, getSubmitterResource).
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
 def entrypoint(spec: JobSpec) -> str:
@@ -79,7 +88,10 @@ def volcano_labels(team: Team) -> dict[str, str]:
 
 
 def head_group(spec: JobSpec, team: Team) -> dict:
-    head = container("ray-head", spec.image, helper_resources())
+    """The head runs the job's driver (Ray 2.60 dashboard/modules/job/job_manager.py _get_label_selector: without entrypoint resources
+    the driver is placed on the head node), which opens the job's storage before any worker does: it gets the
+    contract and the spec's own env (credentials, endpoints) as the workers do."""
+    head = container("ray-head", spec.image, helper_resources(), env={**contract_env(spec), **spec.env})
     head["lifecycle"] = prestop(spec)
     return {
         # no training on the head: every Ray Train worker lands on a worker pod
@@ -109,7 +121,8 @@ def submitter_template(spec: JobSpec, team: Team) -> dict:
     (infra/admission.py) refuse it, and the RayJob would never submit. KubeRay fills in the command and the
     dashboard address of a template whose container has none (rayjob_controller.go, getSubmitterTemplate).
     """
-    submitter = container("ray-job-submitter", spec.image, helper_resources())
+    submitter = container("ray-job-submitter", spec.image,
+                          {key: dict(amounts) for key, amounts in SUBMITTER_RESOURCES.items()})
     template = helper_pod(spec, team, "submitter", submitter, scheduler_name=SCHEDULER_NAME, restart_policy="Never")
     template["metadata"]["annotations"][ANNOTATION_QUEUE_NAME] = team.queue
     return template
@@ -124,10 +137,15 @@ def render(spec: JobSpec, team: Team) -> dict:
             "entrypoint": entrypoint(spec),
             "runtimeEnvYAML": runtime_env(spec),
             "shutdownAfterJobFinishes": True,
-            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            # KubeRay deletes the finished job's RayCluster, its head and workers, this long after the end, the RayJob
+            # never (ray-operator/apis/ray/v1/rayjob_types.go v1.6.0, TTLSecondsAfterFinished;
+            # rayjob_controller.go handleShutdownAfterJobFinishes): at once, or the GPUs idle that long. Measured on
+            # the sim's real nodes: a finished RayJob's cluster kept the node, and the next RayJob waited Pending.
+            "ttlSecondsAfterFinished": 0,
             "backoffLimit": 0,  # the Ray entry retries itself, never a final exit (see above)
             "submitterPodTemplate": submitter_template(spec, team),
             "rayClusterSpec": {
+                "rayVersion": RAY_VERSION,
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": head_group(spec, team),
                 "workerGroupSpecs": [worker_group(spec, team)],

@@ -1,0 +1,228 @@
+"""`gpuyard sim up --real-nodes 1`: a rendered RayJob runs the reference trainer through Ray Train on a real Ray head.
+
+KubeRay creates the RayCluster (a head and 2 workers) on the real CPU node, waits for the real head's dashboard,
+creates the K8sJobMode submitter from the rendered template, which the team namespace's `restricted` Pod Security
+admits, and follows the Ray job through the head's dashboard (sim/ray_proxy.py forwards, never answers); the RayJob
+Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket.
+
+CPU-only (`--gpus-per-node 0`) on the one real node of the CPU NodePool, the machine's 2 cores: the head's 1 CPU,
+the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is a moto_server on the sim's bridge at port 443,
+as in tests/test_sim_real_gang.py. Needs what tests/test_sim_real_node.py needs (Go, the images, the pause package).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from gpuyard.infra.config import StackConfig, load_stack
+from gpuyard.infra.tenancy import PSS_LABEL
+from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.spec import checkpoint_uri, trainer_args
+from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
+from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
+from gpuyard.jobs.workload.storage import open_storage
+from gpuyard.jobs.workload.train import identity
+from gpuyard.sim import realnode
+from gpuyard.sim.images import build_images
+from gpuyard.sim.kube import Kubectl
+from sim_running import running_sim
+from test_sim_real_gang import _differences
+
+pytestmark = [
+    pytest.mark.sim,
+    pytest.mark.xdist_group("sim"),
+    pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
+    pytest.mark.timeout(1800),  # the cluster (about 4 min), the ray image's pull and unpack, Ray's start, training
+]
+STACK = "dev"
+CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: the real CPU node
+TEAM, NAMESPACE = "vision", "team-vision"
+JOB, PREEMPTED = "ray", "ray-preempted"
+# 1024 steps of the mlp, a checkpoint every 64: a worker deleted after the first has its preStop hook stop the
+# trainer before the end (with 256 steps the trainer reached its end first: the hook starts Ray's client on the
+# worker's 0.25 CPU)
+EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS, WORKERS = 8, 8192, 64, 2
+STEPS = EPOCHS * DATASET_SIZE // (32 * WORKERS)  # the template's --batch_size 32 a rank
+JOB_TIMEOUT_SECONDS = 1200
+
+
+@dataclass(frozen=True)
+class Rays:
+    """The sim ready for RayJobs on the real CPU node: the images in its registry, the CPU pool's kwok nodes
+    cordoned, the stack's bucket on a moto_server the pods reach."""
+
+    kubectl: Kubectl
+    config: StackConfig
+    registry_prefix: str
+    aws: LocalAWS
+
+    def trainer_args(self, name: str) -> TrainArgs:
+        uri = checkpoint_uri(self.config, self.config.team(TEAM), name)
+        return trainer_args(uri, EPOCHS).model_copy(update={"model": "mlp", "dataset_size": DATASET_SIZE,
+                                                            "save_every_steps": SAVE_EVERY_STEPS})
+
+    def submit(self, name: str, args: TrainArgs) -> None:
+        """`gpuyard render --kind rayjob` of the reference Ray entry with ``args``, applied."""
+        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region}
+        rendered = subprocess.run(
+            [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind",
+             "rayjob", "--name", name, "--gpus-per-node", "0", "--cpu", "0.25", "--registry", self.registry_prefix,
+             *(f"--env={k}={v}" for k, v in env.items()), "--", "-m", RAY_MODULE, *args.to_argv(),
+             "--num-workers", str(WORKERS), "--no-use-gpu"],
+            capture_output=True, text=True, check=True).stdout
+        self.kubectl.run("apply", "-f", "-", stdin=rendered)
+
+    def checkpoints(self, args: TrainArgs) -> Checkpointer:
+        return Checkpointer(open_storage(args.checkpoint_uri), identity(args))
+
+
+@pytest.fixture(scope="module")
+def rays(tmp_path_factory) -> Iterator[Rays]:
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim:
+        kubectl, registry, config = sim.kubectl(), sim.registry(), load_stack(STACK)
+        build_images(registry, STACK)
+        pool = kubectl.run("get", "nodes", "-o", "name", "-l",
+                           "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
+        kubectl.run("cordon", *[name for name in pool.split() if name != f"node/{CPU_NODE}"])
+        with (LocalAWS(log_path=tmp_path_factory.mktemp("moto") / "moto.log", host=realnode.GATEWAY, port=443) as aws,
+              pytest.MonkeyPatch.context() as env):
+            for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
+                env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
+            aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
+                                           CreateBucketConfiguration={"LocationConstraint": config.region})
+            yield Rays(kubectl, config, registry.prefix(config), aws)
+
+
+def _pods(kubectl: Kubectl, name: str) -> dict[str, dict]:
+    return {pod["metadata"]["name"]: pod for pod in kubectl.items("pods", NAMESPACE, f"gpuyard.io/job={name}")}
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A RayJob as it ended: its status, every pod seen (as last seen) and the node each was bound to."""
+
+    status: dict
+    pods: dict[str, dict]
+
+
+def _ended(kubectl: Kubectl, name: str) -> Ended:
+    """Follow the RayJob ``name`` until KubeRay says its deployment is Complete or Failed."""
+    deadline, seen = time.monotonic() + JOB_TIMEOUT_SECONDS, {}
+    while True:
+        status = kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
+        seen |= _pods(kubectl, name)
+        if status.get("jobDeploymentStatus") in ("Complete", "Failed") or time.monotonic() > deadline:
+            print(json.dumps(status, indent=1))
+            return Ended(status, seen)
+        time.sleep(3)
+
+
+def _events(logs: str, event: str) -> list[dict]:
+    return [json.loads(line) for line in logs.splitlines() if line.startswith(f'{{"event": "{event}"')]
+
+
+def _component(pods: dict[str, dict], component: str) -> list[dict]:
+    return [p for p in pods.values() if p["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+
+
+def _submitter_logs(kubectl: Kubectl, name: str) -> tuple[dict, str]:
+    """The RayJob's one submitter pod and its log: `ray job submit`, then `ray job logs --follow` (the driver's)."""
+    submitters = _component(_pods(kubectl, name), "submitter")
+    assert len(submitters) == 1, sorted(_pods(kubectl, name))
+    logs = kubectl.run("logs", submitters[0]["metadata"]["name"], "-n", NAMESPACE)
+    print(logs[-4000:])
+    return submitters[0], logs
+
+
+@dataclass(frozen=True)
+class Run:
+    """The RayJob ``JOB`` run once, uninterrupted: its arguments, how it ended, its submitter's log."""
+
+    args: TrainArgs
+    ended: Ended
+    submitter: dict
+    logs: str
+
+
+@pytest.fixture(scope="module")
+def run(rays) -> Run:
+    args = rays.trainer_args(JOB)
+    started = time.monotonic()
+    rays.submit(JOB, args)
+    ended = _ended(rays.kubectl, JOB)
+    print(f"RayJob {JOB}: {ended.status.get('jobDeploymentStatus')} {time.monotonic() - started:.0f}s after it was applied")
+    return Run(args, ended, *_submitter_logs(rays.kubectl, JOB))
+
+
+def test_a_rendered_rayjob_trains_through_ray_train_on_a_real_head_and_succeeds_because_the_ray_job_did(rays, run):
+    status, args = run.ended.status, run.args
+    assert (status.get("jobDeploymentStatus"), status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+        json.dumps(status), run.logs[-3000:])
+    # the dashboard's own word, which KubeRay copied (sim/ray_head.py's would say no Ray job ran)
+    assert "successfully" in status.get("message", ""), status
+    done = _events(run.logs, "done")
+    assert len(done) == 1 and (done[0]["epochs"], done[0]["global_step"]) == (EPOCHS, STEPS), run.logs[-3000:]
+    assert done[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(STEPS)}"
+    assert args.checkpoint_uri.startswith(
+        f"s3://{rays.config.checkpoint_bucket}/{rays.config.team(TEAM).checkpoint_prefix}{JOB}")
+    assert rays.checkpoints(args).read(manifest_name(STEPS)).step == STEPS
+    # head, both workers and the submitter ran on the real node, Volcano scheduling them
+    pods = run.ended.pods
+    assert (len(_component(pods, "head")), len(_component(pods, "worker"))) == (1, WORKERS), sorted(pods)
+    assert {p["spec"]["nodeName"] for p in pods.values()} == {CPU_NODE}
+    assert all(p["spec"]["schedulerName"] == "volcano" for p in pods.values())
+
+
+def test_the_rayjobs_submitter_ran_as_the_namespaces_restricted_pod_security_requires(rays, run):
+    """KubeRay's default submitter has no security context, which `restricted` refuses: the rendered one ran."""
+    namespace = rays.kubectl.get("namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"][f"{PSS_LABEL}/enforce"] == "restricted"
+    pod = run.submitter
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    security = pod["spec"]["securityContext"]
+    assert security["runAsNonRoot"] is True and security["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["spec"]["containers"][0]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_ray_worker_pod_deleted_mid_run_stops_the_trainer_which_saves_and_the_rerun_ends_with_the_same_bits(rays, run):
+    """`kubectl delete pod` of a worker after the first checkpoint: its preStop hook (gpuyard.jobs.workload.ray_stop)
+    asks the trainer to stop, every rank stops at one agreed step and rank 0 saves it; the driver runs the trainer
+    again once the worker's Ray node has left, KubeRay having created the worker pod again (a worker group below
+    its replicas gets new pods: ray-operator/controllers/ray/raycluster_controller.go v1.6.0, reconcilePods); the
+    rerun resumes from that checkpoint and ends with the uninterrupted run's state, bit for bit."""
+    kubectl, args = rays.kubectl, rays.trainer_args(PREEMPTED)
+    rays.submit(PREEMPTED, args)
+    checkpoints, deadline = rays.checkpoints(args), time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not (manifests := checkpoints.manifests()) or step_of(manifests[0]) < SAVE_EVERY_STEPS:
+        status = kubectl.get("rayjob", PREEMPTED, NAMESPACE).get("status") or {}
+        assert time.monotonic() < deadline and status.get("jobDeploymentStatus") != "Complete", status
+        time.sleep(1)
+    worker = sorted(p["metadata"]["name"] for p in _component(_pods(kubectl, PREEMPTED), "worker"))[0]
+    kubectl.run("delete", "pod", worker, "-n", NAMESPACE, "--wait=false")
+    print(f"deleted {worker} after the checkpoint of step {step_of(manifests[0])}")
+    ended = _ended(kubectl, PREEMPTED)
+    _, logs = _submitter_logs(kubectl, PREEMPTED)
+    stopped = _events(logs, "stopped")
+    assert len(stopped) == 1 and SAVE_EVERY_STEPS <= stopped[0]["global_step"] < STEPS, (
+        logs[-3000:], [e["message"] for e in kubectl.items("events", NAMESPACE) if e["involvedObject"]["name"] == worker])
+    assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+        json.dumps(ended.status), logs[-3000:])
+    assert len(_component(ended.pods, "worker")) == WORKERS + 1, sorted(ended.pods)  # the deleted one made again
+    assert stopped[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(stopped[0]['global_step'])}"
+    assert "ray_entry: running the trainer again (1 of" in logs
+    resumed = _events(logs, "resume")
+    assert [(e["global_step"], e["checkpoint"]) for e in resumed] == [(stopped[0]["global_step"], stopped[0]["checkpoint"])]
+    done, reference = _events(logs, "done"), _events(run.logs, "done")
+    assert len(done) == 1 and done[0]["weights_sha256"] == reference[0]["weights_sha256"]
+    ours = checkpoints.read(manifest_name(STEPS)).state
+    assert _differences(ours, rays.checkpoints(run.args).read(manifest_name(STEPS)).state) == []
