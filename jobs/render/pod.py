@@ -96,12 +96,17 @@ def rank_grace_seconds(spec: JobSpec) -> int:
     return grace // 3 if spec.kind in MPI_KINDS else grace
 
 
+def job_contract(spec: JobSpec) -> dict[str, str]:
+    """The contract's variables for the job of ``spec``, the same in every kind (``contract_env``)."""
+    return contract_env(spec.name, spec.team, spec.checkpoint_uri, rank_grace_seconds(spec), spec.data_uri)
+
+
 def trainer_env(spec: JobSpec) -> dict[str, str]:
     """NCCL (and EFA) settings on GPU jobs, the launchers' shutdown timeouts, the contract, then the spec's own env,
     which wins."""
     env = network_env(bool(spec.gpus_per_node), bool(spec.efa_devices), spec.node_group)
     env.update(shutdown_env(spec))
-    env.update(contract_env(spec.name, spec.team, spec.checkpoint_uri, rank_grace_seconds(spec), spec.data_uri))
+    env.update(job_contract(spec))
     env.update(spec.env)
     return env
 

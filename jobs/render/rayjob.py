@@ -29,9 +29,9 @@ from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, GRACE_PERIOD_SECOND
 from gpuyard.jobs.command import RAY_ENTRY_MODULE
 from gpuyard.jobs.render.pod import (
     container,
-    contract_env,
     helper_pod,
     helper_resources,
+    job_contract,
     metadata,
     metrics_port,
     trainer_env,
@@ -91,7 +91,7 @@ def head_group(spec: JobSpec, team: Team) -> dict:
     """The head runs the job's driver (Ray 2.60 dashboard/modules/job/job_manager.py _get_label_selector: without entrypoint resources
     the driver is placed on the head node), which opens the job's storage before any worker does: it gets the
     contract and the spec's own env (credentials, endpoints) as the workers do."""
-    head = container("ray-head", spec.image, helper_resources(), env={**contract_env(spec), **spec.env})
+    head = container("ray-head", spec.image, helper_resources(), env={**job_contract(spec), **spec.env})
     head["lifecycle"] = prestop(spec)
     return {
         # no training on the head: every Ray Train worker lands on a worker pod
