@@ -136,6 +136,8 @@ def _read(fd: int) -> bytes:
     (["2", "1", "--num-workers", "0"], "ray_entry: error: --num-workers must be from 1 to 10000 (got 0)\n"),
     (["2", "1", "--num-workers", "1_0"], "ray_entry: error: argument --num-workers: '1_0' is not a whole number\n"),
     (["2", "1", "--num-workers", str(10**9)], "ray_entry: error: --num-workers must be from 1 to 10000 (got 1000000000)\n"),
+    (["2", "1", "--max-restarts", "-1"], "ray_entry: error: --max-restarts must be >= 0 (got -1)\n"),
+    (["2", "1", "--max-restarts", "1.5"], "ray_entry: error: argument --max-restarts: '1.5' is not a whole number\n"),
     (["2", "0", "--num-workers", "2"], "train: error: SAVE_EVERY: Input should be greater than or equal to 1 (got 0)\n"),
 ])
 def test_ray_entry_bad_input_exits_2_before_ray_starts(argv, message):

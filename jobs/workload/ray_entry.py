@@ -115,10 +115,12 @@ def _train_loop(config: dict[str, Any]) -> None:
 
 
 def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """``--num-workers`` and ``--use-gpu`` (default: this machine has CUDA) for Ray; the rest is the trainer's."""
+    """``--num-workers``, ``--use-gpu`` (default: this machine has CUDA) and ``--max-restarts`` for Ray; the rest is
+    the trainer's."""
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--num-workers", type=whole_number, default=2)
     parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available())
+    parser.add_argument("--max-restarts", type=whole_number, default=0)
     try:
         known, rest = parser.parse_known_args(argv)
     except (argparse.ArgumentError, ArgsError) as error:
@@ -127,17 +129,9 @@ def _launcher_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not 1 <= known.num_workers <= MAX_WORKERS:
         sys.stderr.write(f"ray_entry: error: --num-workers must be from 1 to {MAX_WORKERS} (got {known.num_workers})\n")
         raise SystemExit(2)
-    """``--num-workers``, ``--use-gpu`` (default: this machine has CUDA) and ``--max-restarts`` for Ray; the
-    rest is the trainer's."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=torch.cuda.is_available())
-    parser.add_argument("--max-restarts", type=int, default=0)
-    known, rest = parser.parse_known_args(argv)
-    for flag, value, minimum in (("--num-workers", known.num_workers, 1), ("--max-restarts", known.max_restarts, 0)):
-        if value < minimum:
-            sys.stderr.write(f"ray_entry: error: {flag} must be >= {minimum} (got {value})\n")
-            raise SystemExit(2)
+    if known.max_restarts < 0:
+        sys.stderr.write(f"ray_entry: error: --max-restarts must be >= 0 (got {known.max_restarts})\n")
+        raise SystemExit(2)
     return known, rest
 
 
