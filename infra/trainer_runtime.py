@@ -51,7 +51,6 @@ from gpuyard.infra.conventions import (
     SCHEDULER_NAME,
     SHM_PATH,
     SHM_VOLUME,
-    TRAINING_RUNTIME,
     runtime_name,
     container_security,
     contract_env,

@@ -9,9 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from gpuyard.infra.config import StackConfig
+from gpuyard.jobs.local_aws import LocalAWS
 from gpuyard.sim import netpol, realnode
 from gpuyard.sim.cluster import Sim
+from gpuyard.sim.images import build_images
 from gpuyard.sim.processes import alive, zombie
+
+CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: a real node
 
 
 @contextmanager
@@ -33,6 +40,28 @@ def running_sim(stack: str, state: Path, **options) -> Iterator[Sim]:
         assert not netpol.kube_chains() and not netpol.kube_ipsets()
         assert record["bridge"] not in subprocess.run(["iptables-save", "-t", "mangle"], capture_output=True,
                                                       text=True, check=True).stdout
+
+
+@contextmanager
+def real_node_bucket(sim: Sim, config: StackConfig, logs: Path) -> Iterator[LocalAWS]:
+    """The sim ready for jobs on its real CPU node for the block: the stack's images in its registry, the CPU pool's
+    kwok nodes cordoned (a job lands where containers run), and the stack's bucket on a moto_server (log in ``logs``)
+    that this process's environment points at. It listens on the bridge's own address, which the pods reach (and
+    nothing outside the sim's namespace), on 443: the team namespace's NetworkPolicies let pods out to TCP 443 only
+    (infra/tenancy.py allow-https-egress)."""
+    kubectl = sim.kubectl()
+    build_images(sim.registry(), config.stack)
+    pool = kubectl.run("get", "nodes", "-o", "name", "-l", "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
+    others = [name for name in pool.split() if name != f"node/{CPU_NODE}"]
+    assert others
+    kubectl.run("cordon", *others)
+    with (LocalAWS(log_path=logs / "moto.log", host=realnode.GATEWAY, port=443) as aws,
+          pytest.MonkeyPatch.context() as env):
+        for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
+            env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
+        aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
+                                       CreateBucketConfiguration={"LocationConstraint": config.region})
+        yield aws
 
 
 def pod_ended(kubectl, name: str, namespace: str, timeout: float) -> dict:

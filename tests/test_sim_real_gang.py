@@ -49,11 +49,10 @@ from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import MANIFEST, Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
-from gpuyard.sim import coredns, pause, realnode
-from gpuyard.sim.images import build_images
+from gpuyard.sim import coredns, pause
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
-from sim_running import pod_ended, running_sim
+from sim_running import CPU_NODE, pod_ended, real_node_bucket, running_sim
 from test_workload_library import readme_script
 
 pytestmark = [
@@ -63,7 +62,6 @@ pytestmark = [
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the image's pull and unpack, the training
 ]
 STACK = "dev"
-CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool
 TEAM, NAMESPACE = "vision", "team-vision"
 JOB, PREEMPTED, DIVERGED, MPI_PREEMPTED = "gang", "preempted", "diverged", "mpi-preempted"
 TRAINJOB_PREEMPTED, VOLCANO_PREEMPTED = "tj-preempted", "vc-preempted"
@@ -241,23 +239,9 @@ class Gangs:
 
 @pytest.fixture(scope="module")
 def gangs(sim, tmp_path_factory):
-    kubectl = sim.kubectl()
-    registry = sim.registry()
     config = load_stack(STACK)
-    build_images(registry, STACK)
-    pool = kubectl.run("get", "nodes", "-o", "name", "-l", "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
-    others = [name for name in pool.split() if name != f"node/{CPU_NODE}"]
-    assert others
-    kubectl.run("cordon", *others)
-    # moto_server on the bridge's own address, which the pods reach (and nothing outside the sim's namespace), on
-    # 443: the team namespace's NetworkPolicies let pods out to TCP 443 only (infra/tenancy.py allow-https-egress)
-    with (LocalAWS(log_path=tmp_path_factory.mktemp("moto") / "moto.log", host=realnode.GATEWAY, port=443) as aws,
-          pytest.MonkeyPatch.context() as env):
-        for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
-            env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
-        aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
-                                       CreateBucketConfiguration={"LocationConstraint": config.region})
-        yield Gangs(kubectl, config, registry.prefix(config), aws)
+    with real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws:
+        yield Gangs(sim.kubectl(), config, sim.registry().prefix(config), aws)
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,8 @@ from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
-from gpuyard.sim import realnode
-from gpuyard.sim.images import build_images
 from gpuyard.sim.kube import Kubectl
-from sim_running import running_sim
+from sim_running import CPU_NODE, real_node_bucket, running_sim
 from test_sim_real_gang import _differences
 
 pytestmark = [
@@ -43,7 +41,6 @@ pytestmark = [
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the ray image's pull and unpack, Ray's start, training
 ]
 STACK = "dev"
-CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: the real CPU node
 TEAM, NAMESPACE = "vision", "team-vision"
 JOB, PREEMPTED = "ray", "ray-preempted"
 # 1024 steps of the mlp, a checkpoint every 64: a worker deleted after the first has its preStop hook stop the
@@ -86,19 +83,10 @@ class Rays:
 
 @pytest.fixture(scope="module")
 def rays(tmp_path_factory) -> Iterator[Rays]:
-    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim:
-        kubectl, registry, config = sim.kubectl(), sim.registry(), load_stack(STACK)
-        build_images(registry, STACK)
-        pool = kubectl.run("get", "nodes", "-o", "name", "-l",
-                           "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
-        kubectl.run("cordon", *[name for name in pool.split() if name != f"node/{CPU_NODE}"])
-        with (LocalAWS(log_path=tmp_path_factory.mktemp("moto") / "moto.log", host=realnode.GATEWAY, port=443) as aws,
-              pytest.MonkeyPatch.context() as env):
-            for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
-                env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
-            aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
-                                           CreateBucketConfiguration={"LocationConstraint": config.region})
-            yield Rays(kubectl, config, registry.prefix(config), aws)
+    config = load_stack(STACK)
+    with (running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim,
+          real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws):
+        yield Rays(sim.kubectl(), config, sim.registry().prefix(config), aws)
 
 
 def _pods(kubectl: Kubectl, name: str) -> dict[str, dict]:
