@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import signal
-import socket
-import struct
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+import dns.exception
+import dns.resolver
 
 from gpuyard.sim.ray_head import DASHBOARD_PORT, HEAD_SERVICE
 
@@ -36,32 +36,13 @@ class Unresolved(OSError):
 
 
 def resolve(name: str, server: tuple[str, int], timeout: float = 2.0) -> str:
-    """The first A record of ``name`` from the DNS server at ``server`` (one UDP query, RFC 1035 section 4)."""
-    ident = os.urandom(2)
-    question = b"".join(bytes([len(label)]) + label.encode() for label in name.rstrip(".").split("."))
-    question += b"\0" + struct.pack("!HH", 1, 1)  # type A, class IN
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout)
-        sock.sendto(ident + struct.pack("!HHHHH", 0x0100, 1, 0, 0, 0) + question, server)  # recursion desired
-        reply = sock.recv(4096)
-    flags, _, answers = struct.unpack("!HHH", reply[2:8])
-    if reply[:2] != ident or flags & 0xF:
-        raise Unresolved(f"{name}: DNS response code {flags & 0xF}")
-    offset = 12 + len(question)
-    for _ in range(answers):
-        offset = _after_name(reply, offset)
-        kind, _, _, length = struct.unpack("!HHIH", reply[offset:offset + 10])
-        offset += 10
-        if kind == 1 and length == 4:
-            return socket.inet_ntoa(reply[offset:offset + 4])
-        offset += length
-    raise Unresolved(f"{name}: no address")
-
-
-def _after_name(data: bytes, offset: int) -> int:
-    while data[offset] and data[offset] < 0xC0:
-        offset += data[offset] + 1
-    return offset + (2 if data[offset] else 1)  # a compression pointer is two bytes, the root label one
+    """The first A record of ``name`` from the DNS server at ``server`` (and nowhere else: no search path)."""
+    resolver = dns.resolver.Resolver(configure=False)
+    resolver.nameservers, resolver.port, resolver.lifetime = [server[0]], server[1], timeout
+    try:
+        return resolver.resolve(name, "A", search=False)[0].address
+    except dns.exception.DNSException as error:
+        raise Unresolved(f"{name}: {error}") from None
 
 
 class Handler(BaseHTTPRequestHandler):

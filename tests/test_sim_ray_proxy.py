@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -19,6 +18,9 @@ import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import dns.message
+import dns.rcode
+import dns.rrset
 import pytest
 
 from gpuyard.sim.processes import free_port
@@ -28,18 +30,20 @@ from gpuyard.sim.webhooks import wait_listening
 HEAD_NAME = "vision-ray-abcde-head-svc.team-vision.svc.cluster.local"
 
 
-def _answer(query: bytes, address: str | None) -> bytes:
-    """A DNS response to ``query``: one A record of ``address`` whose name points at the question (compression),
-    or NXDOMAIN without."""
-    end = query.index(b"\0", 12) + 5
-    flags = 0x8180 if address else 0x8183
-    header = query[:2] + struct.pack("!HHHHH", flags, 1, 1 if address else 0, 0, 0)
-    record = struct.pack("!HHHIH", 0xC00C, 1, 1, 5, 4) + socket.inet_aton(address) if address else b""
-    return header + query[12:end] + record
+def _answer(wire: bytes) -> bytes:
+    """The response to the query ``wire``: HEAD_NAME's A record 127.0.0.1, NXDOMAIN for any other name."""
+    query = dns.message.from_wire(wire)
+    response = dns.message.make_response(query)
+    question = query.question[0]
+    if question.name.to_text(omit_final_dot=True) == HEAD_NAME:
+        response.answer.append(dns.rrset.from_text(question.name, 5, "IN", "A", "127.0.0.1"))
+    else:
+        response.set_rcode(dns.rcode.NXDOMAIN)
+    return response.to_wire()
 
 
 @pytest.fixture
-def dns() -> Iterator[tuple[str, int]]:
+def dns_server() -> Iterator[tuple[str, int]]:
     """Answers HEAD_NAME with 127.0.0.1, every other name with NXDOMAIN."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,11 +54,7 @@ def dns() -> Iterator[tuple[str, int]]:
                     query, peer = sock.recvfrom(512)
                 except OSError:
                     return
-                labels, offset = [], 12
-                while query[offset]:
-                    labels.append(query[offset + 1:offset + 1 + query[offset]].decode())
-                    offset += query[offset] + 1
-                sock.sendto(_answer(query, "127.0.0.1" if ".".join(labels) == HEAD_NAME else None), peer)
+                sock.sendto(_answer(query), peer)
 
         threading.Thread(target=serve, daemon=True).start()
         yield sock.getsockname()
@@ -78,18 +78,18 @@ class Dashboard(BaseHTTPRequestHandler):
         pass
 
 
-def test_resolve_reads_the_a_record_and_names_a_name_without_one(dns):
-    assert resolve(HEAD_NAME, dns) == "127.0.0.1"
-    with pytest.raises(Unresolved, match="response code 3"):
-        resolve("missing.team-vision.svc.cluster.local", dns)
+def test_resolve_reads_the_a_record_and_names_a_name_without_one(dns_server):
+    assert resolve(HEAD_NAME, dns_server) == "127.0.0.1"
+    with pytest.raises(Unresolved, match="does not exist"):
+        resolve("missing.team-vision.svc.cluster.local", dns_server)
 
 
 @pytest.fixture
-def proxied(dns) -> Iterator[urllib.request.OpenerDirector]:
-    """The proxy on a free port, asking ``dns``; an opener that goes through it."""
+def proxied(dns_server) -> Iterator[urllib.request.OpenerDirector]:
+    """The proxy on a free port, asking ``dns_server``; an opener that goes through it."""
     port = free_port()
     proxy = subprocess.Popen([sys.executable, "-m", "gpuyard.sim.ray_proxy", f"--port={port}",
-                              f"--dns={dns[0]}:{dns[1]}"], stderr=subprocess.DEVNULL)
+                              f"--dns={dns_server[0]}:{dns_server[1]}"], stderr=subprocess.DEVNULL)
     try:
         wait_listening(port, 30, lambda: None)
         yield urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
