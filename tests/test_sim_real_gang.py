@@ -801,10 +801,16 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
         assert [(line["rank"], line["step"], line["exit"]) for line in stopped] == [(0, at, 143), (1, at, 143)]
         assert USER_SAVE_EVERY <= at < USER_STEPS and _manifest_steps(gangs, name)[-1] == at
         _running(kubectl, name, [master, worker], replacing=first)  # the operator made the gang again
+        # rank 1 followed (`logs -f`): once the master's pod succeeds the job does, and the operator deletes a pod
+        # still running (cleanPodPolicy Running), logs and all; the master's pod stays, read after the end
+        followed = subprocess.Popen(
+            [sys.executable, "-m", "gpuyard.jobs.cli.main", "logs", name, "--team", TEAM, "--rank", "1", "-f"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
         ended = _ended(kubectl, name, time.monotonic())
         assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
-        resumed = [_user_lines(_gpuyard(sim, "logs", name, "--team", TEAM, "--rank", str(rank)).stdout)
-                   for rank in (0, 1)]
+        resumed = [_user_lines(_gpuyard(sim, "logs", name, "--team", TEAM, "--rank", "0").stdout),
+                   _user_lines(followed.communicate(timeout=POD_TIMEOUT_SECONDS)[0])]
         assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
                 for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
         # the operator's restart counts, though no container restarted in place (its pods were made again)
