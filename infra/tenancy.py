@@ -19,7 +19,7 @@ import pulumi_kubernetes as kubernetes
 from gpuyard.infra.admission import LANES, lane_binding_spec, lane_policy_name, lane_policy_spec
 from gpuyard.infra.config import Team
 from gpuyard.infra.conventions import (ANNOTATION_QUEUE_NAME, GPU_RESOURCE, LABEL_PART_OF, LABEL_PRIORITY_CLASS_PREFIX,
-                               LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES)
+                               LABEL_TEAM, METRICS_PORT_NAME, PART_OF, PRIORITY_CLASSES, TRAINING_RUNTIME)
 from gpuyard.infra.monitoring import NAMESPACE as MONITORING_NAMESPACE
 from gpuyard.infra.policies import irsa_assume_role_policy, team_checkpoint_policy
 from gpuyard.infra import trainer_runtime
@@ -421,7 +421,7 @@ class TeamTenancy(pulumi.ComponentResource):
         team, args = self._team, self._args
         for pool in args.runtime_pools:
             kubernetes.apiextensions.CustomResource(
-                f"{self._name}-training-runtime" + ("" if pool.runtime == trainer_runtime.TRAINING_RUNTIME
+                f"{self._name}-training-runtime" + ("" if pool.runtime == TRAINING_RUNTIME
                                                     else f"-{pool.name}"),
                 api_version=trainer_runtime.API_VERSION,
                 kind=trainer_runtime.KIND,
