@@ -93,14 +93,18 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(404, {"error": path})
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args(argv)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+def serve(handler: type[BaseHTTPRequestHandler], port: int) -> None:
+    """Serve ``handler`` on 127.0.0.1:``port`` until SIGTERM (the sim's supervisor stops it so)."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with server:
         server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    serve(Handler, parser.parse_args(argv).port)
 
 
 if __name__ == "__main__":

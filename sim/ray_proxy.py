@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import signal
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import dns.exception
 import dns.resolver
 
-from gpuyard.sim.ray_head import DASHBOARD_PORT, HEAD_SERVICE
+from gpuyard.sim.ray_head import DASHBOARD_PORT, HEAD_SERVICE, serve
 
 TIMEOUT_SECONDS = 30.0
 # hop-by-hop headers (RFC 9110 section 7.6.1) and the length, which each side sets for the body it sends
@@ -90,10 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     address, _, port = args.dns.partition(":")
     Handler.dns = (address, int(port or 53))
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with server:
-        server.serve_forever()
+    serve(Handler, args.port)
 
 
 if __name__ == "__main__":
