@@ -71,6 +71,7 @@ class Watch:
     components: dict[str, str] = field(default_factory=dict)  # every pod seen -> its app.kubernetes.io/component
     outcome: str = ""
     real_nodes: frozenset[str] = frozenset()  # the cluster's nodes that run containers (none: kwok's only)
+    tails: dict[str, str] = field(default_factory=dict)  # an ended container (pod uid/container/end) -> its last lines
 
     @property
     def bound(self) -> set[str]:
@@ -111,10 +112,10 @@ def real_nodes(kubectl: Kubectl) -> set[str]:
             if KWOK_NODE_ANNOTATION not in node["metadata"].get("annotations", {})}
 
 
-def container_reasons(kubectl: Kubectl, pods: list[dict], namespace: str) -> list[str]:
+def container_reasons(kubectl: Kubectl, pods: list[dict], namespace: str, tails: dict[str, str]) -> list[str]:
     """What the kubelet says of the pods' containers that do not run as they should: waiting for a reason other
     than starting (an image pull, a crash loop, a bad config), or ended with a non-zero code (with its reason, OOMKilled
-    included, and the container's last lines)."""
+    included, and the container's last lines, read once per ended container into ``tails``)."""
     reasons = []
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -126,10 +127,14 @@ def container_reasons(kubectl: Kubectl, pods: list[dict], namespace: str) -> lis
                 reasons.append(f"pod {name} container {container['name']}: {waiting['reason']}: "
                                f"{waiting.get('message', '').strip()}")
             if ended.get("exitCode", 0) != 0:
-                try:
-                    tail = kubectl.run("logs", name, "-n", namespace, "-c", container["name"], f"--tail={LOG_LINES}")
-                except KubectlError:
-                    tail = ""
+                key = f"{pod['metadata']['uid']}/{container['name']}/{ended.get('finishedAt')}"
+                if key not in tails:
+                    try:
+                        tails[key] = kubectl.run("logs", name, "-n", namespace, "-c", container["name"],
+                                                 f"--tail={LOG_LINES}")
+                    except KubectlError:  # not kept: asked again at the next look
+                        pass
+                tail = tails.get(key, "")
                 reasons.append(f"pod {name} container {container['name']}: exit {ended['exitCode']} "
                                f"({ended.get('reason', '')})" + "".join(f"\n    {line}" for line in tail.splitlines()))
     return reasons
@@ -179,7 +184,7 @@ def check(kubectl: Kubectl, watch: Watch, say: Callable[[str], None]) -> str | N
     reasons += [f"pods {', '.join(names)}: {message}" for message, names in unscheduled.items()]
     reasons += _warnings(events, watch.kind, watch.name)
     reasons += container_reasons(kubectl, [p for p in bound if p["spec"]["nodeName"] in watch.real_nodes],
-                                 watch.namespace)
+                                 watch.namespace, watch.tails)
     watch.reason = "; ".join(dict.fromkeys(reasons))
     if phase in FAILED:
         raise SubmitFailed(f"{watch.kind} {watch.namespace}/{watch.name} {phase}: {watch.reason or job.get('status')}")
