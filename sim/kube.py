@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -12,6 +13,12 @@ from typing import Any, Iterable
 import yaml
 
 FIELD_MANAGER = "gpuyard-sim"
+# what an API server answers when it is slow to answer, not a verdict on the request (k8s.io/apimachinery v0.35.4
+# pkg/apis/meta/v1/types.go: StatusReasonTimeout, StatusReasonServerTimeout, StatusReasonServiceUnavailable; an
+# etcd slower than its deadline comes back as an InternalError "etcdserver: request timed out"): a read is retried
+BUSY_SERVER = ("Error from server (Timeout)", "Error from server (ServerTimeout)",
+               "Error from server (ServiceUnavailable)", "etcdserver: request timed out", "TLS handshake timeout")
+READ_ATTEMPTS = 4
 
 
 class KubectlError(RuntimeError):
@@ -59,7 +66,15 @@ class Kubectl:
             args += ["-n", namespace]
         if selector:
             args += ["-l", selector]
-        return json.loads(self.run(*args))
+        attempt = 1
+        while True:
+            try:
+                return json.loads(self.run(*args))
+            except KubectlError as error:
+                if attempt == READ_ATTEMPTS or not any(busy in str(error) for busy in BUSY_SERVER):
+                    raise
+            time.sleep(2 * attempt)
+            attempt += 1
 
     def items(self, resource: str, namespace: str | None = None, selector: str = "") -> list[dict[str, Any]]:
         return self.get(resource, namespace=namespace, selector=selector).get("items", [])

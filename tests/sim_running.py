@@ -17,6 +17,7 @@ from gpuyard.sim import netpol, realnode
 from gpuyard.sim.cluster import Sim
 from gpuyard.sim.images import build_images
 from gpuyard.sim.processes import alive, zombie
+from gpuyard.sim.submit import JOB_RESOURCES
 
 CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: a real node
 
@@ -72,3 +73,13 @@ def pod_ended(kubectl, name: str, namespace: str, timeout: float) -> dict:
         if pod["status"].get("phase") in ("Succeeded", "Failed") or time.monotonic() > deadline:
             return pod
         time.sleep(1)
+
+
+def jobs_removed(kubectl, namespace: str, timeout: float = 300) -> None:
+    """Every job of every kind in ``namespace`` deleted and its pods gone, killed after a second: what a test that
+    failed mid-run started cannot hold the real node for the tests after it."""
+    kubectl.run("delete", ",".join(JOB_RESOURCES.values()), "--all", "-n", namespace, "--wait=true",
+                f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=true",
+                f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    assert not kubectl.items("pods", namespace), [pod["metadata"]["name"] for pod in kubectl.items("pods", namespace)]

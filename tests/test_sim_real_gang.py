@@ -52,7 +52,7 @@ from gpuyard.jobs.workload.train import identity
 from gpuyard.sim import coredns, pause
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
-from sim_running import CPU_NODE, pod_ended, real_node_bucket, running_sim
+from sim_running import CPU_NODE, jobs_removed, pod_ended, real_node_bucket, running_sim
 from test_workload_library import readme_script
 
 pytestmark = [
@@ -79,6 +79,13 @@ POD_TIMEOUT_SECONDS = 300
 def sim(tmp_path_factory):
     with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
         yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running(sim):
+    """Each test's jobs removed after it, passed or failed: the next test's gang needs the real node's CPU."""
+    yield
+    jobs_removed(sim.kubectl(), NAMESPACE)
 
 
 def _busybox_pod(name: str, image: str, script: str, labels: dict[str, str] | None = None) -> dict:

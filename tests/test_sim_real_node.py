@@ -89,10 +89,13 @@ def test_a_ddp_pod_from_the_sims_registry_trains_to_completion_on_the_real_node(
         },
     }])
     pod = pod_ended(kubectl, "ddp", "default", POD_TIMEOUT_SECONDS)
-    terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated", {})
-    assert pod["status"]["phase"] == "Succeeded" and terminated.get("exitCode") == 0, json.dumps(pod["status"])[-3000:]
-    logs = kubectl.run("logs", "ddp", "-n", "default")
+    terminated = (pod["status"].get("containerStatuses") or [{}])[0].get("state", {}).get("terminated", {})
+    logs = kubectl.run("logs", "ddp", "-n", "default") if terminated else ""
     print(logs[-3000:])
+    # why first (the pod's reason, an eviction's message, the container's), then the log's end
+    assert pod["status"]["phase"] == "Succeeded" and terminated.get("exitCode") == 0, (
+        pod["status"].get("reason"), pod["status"].get("message"), terminated, logs[-2000:],
+        json.dumps(pod["status"])[-2000:])
     assert pod["spec"]["nodeName"] == NODE and pod["status"]["podIP"].startswith("10.244.0.")
     done = _done(logs)
     # the same command on this machine's torch, outside any container, trains to the same weights

@@ -31,7 +31,7 @@ from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_o
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
 from gpuyard.sim.kube import Kubectl
-from sim_running import CPU_NODE, real_node_bucket, running_sim
+from sim_running import CPU_NODE, jobs_removed, real_node_bucket, running_sim
 from test_sim_real_gang import _differences
 
 pytestmark = [
@@ -87,6 +87,13 @@ def rays(tmp_path_factory) -> Iterator[Rays]:
     with (running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim,
           real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws):
         yield Rays(sim.kubectl(), config, sim.registry().prefix(config), aws)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running(rays):
+    """Each test's RayJobs removed after it, passed or failed: the next one's Ray cluster needs the real node's CPU."""
+    yield
+    jobs_removed(rays.kubectl, NAMESPACE)
 
 
 def _pods(kubectl: Kubectl, name: str) -> dict[str, dict]:
