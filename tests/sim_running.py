@@ -76,10 +76,13 @@ def pod_ended(kubectl, name: str, namespace: str, timeout: float) -> dict:
 
 
 def jobs_removed(kubectl, namespace: str, timeout: float = 300) -> None:
-    """Every job of every kind in ``namespace`` deleted and its pods gone, killed after a second: what a test that
-    failed mid-run started cannot hold the real node for the tests after it."""
-    kubectl.run("delete", ",".join(JOB_RESOURCES.values()), "--all", "-n", namespace, "--wait=true",
-                f"--timeout={int(timeout)}s", timeout=timeout + 30)
-    kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=true",
-                f"--timeout={int(timeout)}s", timeout=timeout + 30)
-    assert not kubectl.items("pods", namespace), [pod["metadata"]["name"] for pod in kubectl.items("pods", namespace)]
+    """Every job of every kind in ``namespace`` (and KubeRay's RayClusters) deleted and its pods gone, killed after a
+    second: what a test that failed mid-run started cannot hold the real node for the tests after it. The jobs
+    themselves may linger behind their operators' finalizers (a RayJob's stops its Ray job), holding nothing."""
+    kubectl.run("delete", ",".join([*JOB_RESOURCES.values(), "rayclusters.ray.io"]), "--all", "-n", namespace,
+                "--wait=false")
+    kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=false")
+    deadline = time.monotonic() + timeout
+    while left := [pod["metadata"]["name"] for pod in kubectl.items("pods", namespace)]:
+        assert time.monotonic() < deadline, f"pods left in {namespace}: {left}"
+        time.sleep(1)
