@@ -22,16 +22,13 @@ Needs what tests/test_sim_real_node.py needs (Go, the images in the registry's s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -42,7 +39,7 @@ import torch
 
 from gpuyard.infra.config import StackConfig, Team, load_stack
 from gpuyard.infra.conventions import ANNOTATION_QUEUE_NAME, ENV_GRACE_PERIOD_SECONDS
-from gpuyard.jobs.local_aws import LocalAWS, free_port
+from gpuyard.jobs.local_aws import LocalAWS
 from gpuyard.jobs.processes import die_with_parent
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
 from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
@@ -53,18 +50,18 @@ from gpuyard.sim import coredns, pause
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
 from sim_running import CPU_NODE, jobs_removed, pod_ended, real_node_bucket, running_sim
-from test_workload_library import readme_script
+from own_script import gpuyard, run_here, script_image, user_lines
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("sim"),
+    pytest.mark.xdist_group("real-nodes"),  # one real-node cluster at a time (one bridge address)
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the image's pull and unpack, the training
 ]
 STACK = "dev"
 TEAM, NAMESPACE = "vision", "team-vision"
 JOB, PREEMPTED, DIVERGED, MPI_PREEMPTED = "gang", "preempted", "diverged", "mpi-preempted"
-TRAINJOB_PREEMPTED, VOLCANO_PREEMPTED = "tj-preempted", "vc-preempted"
+TRAINJOB_PREEMPTED, VOLCANO_PREEMPTED, ELASTIC = "tj-preempted", "vc-preempted", "elastic"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # a TrainJob's node rank, on each pod of its Job
 # 512 steps of 64 samples: the kind of run these ranks train for 10 s on an idle machine and 2 min on a busy one
 # (measured 250 to 5000 samples/s: the node's containers share the 2 cores with everything else here)
@@ -219,22 +216,23 @@ class Gangs:
                                                             "save_every_steps": SAVE_EVERY_STEPS, **changes})
 
     def render(self, name: str, words: list[str], kind: str = "pytorchjob", cpu: str = "0.9", image: str = "",
-               log_level: str = "INFO", env: dict[str, str] | None = None) -> str:
-        """`gpuyard render` of the job ``name`` of ``kind`` running the command ``words`` (after `--`), on the
-        kind's image in the sim's registry unless ``image`` is given, with ``env`` (`--env`) besides the bucket's."""
+               log_level: str = "INFO", env: dict[str, str] | None = None, nodes: str = "2") -> str:
+        """`gpuyard render` of the job ``name`` of ``kind`` on ``nodes`` running the command ``words`` (after `--`),
+        on the kind's image in the sim's registry unless ``image`` is given, with ``env`` (`--env`) besides the
+        bucket's."""
         # LOGLEVEL INFO: torchrun's agent then logs each rank's place in the rendezvous and the signals it gets
         # (torch/distributed/elastic utils/logging.py reads it; its default is WARNING)
         env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region, "LOGLEVEL": log_level, **(env or {})}
         return subprocess.run(
             [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", kind,
-             "--name", name, "--gpus-per-node", "0", "--cpu", cpu, "--registry", self.registry_prefix,
+             "--name", name, "--nodes", nodes, "--gpus-per-node", "0", "--cpu", cpu, "--registry", self.registry_prefix,
              *(["--image", image] if image else []), *(f"--env={k}={v}" for k, v in env.items()), "--", *words],
             capture_output=True, text=True, check=True).stdout
 
     def submit(self, name: str, args: TrainArgs, kind: str = "pytorchjob", cpu: str = "0.9",
-               env: dict[str, str] | None = None) -> float:
+               env: dict[str, str] | None = None, nodes: str = "2") -> float:
         """Render the job ``name`` of ``kind`` running the reference trainer with ``args``, apply it; returns when."""
-        rendered = self.render(name, ["-m", TRAIN_MODULE, *args.to_argv()], kind, cpu, env=env)
+        rendered = self.render(name, ["-m", TRAIN_MODULE, *args.to_argv()], kind, cpu, env=env, nodes=nodes)
         self.kubectl.run("apply", "-f", "-", stdin=rendered)
         return time.monotonic()
 
@@ -523,6 +521,41 @@ def test_a_trainer_exiting_1_fails_the_pytorchjob_and_the_operator_recreates_no_
     assert _job_state(kubectl, DIVERGED) == "Failed"
 
 
+def test_an_elastic_pytorchjob_shrunk_from_2_nodes_to_1_saves_and_resumes_on_the_one_left_to_the_end(gangs, tmp_path):
+    """`--nodes 1:2`: Workers only, torchrun's c10d rendezvous on worker 0 taking 1 to 2 nodes. Its Worker replicas
+    patched from 2 to 1 (what the operator's HPA does to an elastic job), the operator deletes worker 1
+    (kubeflow/training-operator v1.9.4 pkg/controller.v1/common/pod.go ReconcilePods: a pod whose index is not below
+    the replicas is deleted); the kubelet SIGTERMs it, both ranks agree the stop, rank 0 saves and both exit 143;
+    the operator makes worker 0 again, whose torchrun forms a rendezvous of the one node, and the trainer resumes that
+    checkpoint at world size 1 (the data position remapped by samples: gpuyard.jobs.workload.train) and trains every
+    epoch to the end."""
+    kubectl, args = gangs.kubectl, gangs.trainer_args(ELASTIC)
+    workers = [f"{ELASTIC}-worker-0", f"{ELASTIC}-worker-1"]
+    applied = gangs.submit(ELASTIC, args, nodes="1:2")
+    first = _running(kubectl, ELASTIC, workers)
+    with _followed_to_the_end(kubectl, workers, tmp_path, "first") as first_logs:
+        _first_checkpoint(gangs.checkpoints(args), lambda: _job_state(kubectl, ELASTIC) != "Succeeded")
+        kubectl.run("patch", "pytorchjob", ELASTIC, "-n", NAMESPACE, "--type=merge",
+                    "-p", json.dumps({"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1}}}}))
+    first_logs = _read(first_logs)
+    assert "group_world_size=2\n" in first_logs[workers[0]], first_logs[workers[0]][-3000:]
+    stopped = _stopped(_events("\n".join(first_logs.values()), "stopped"), args)
+    _running(kubectl, ELASTIC, workers[:1], replacing=first)
+    with _followed_to_the_end(kubectl, workers[:1], tmp_path, "second") as second_logs:
+        ended = _ended(kubectl, ELASTIC, applied)
+    second_log = _read(second_logs)[workers[0]]
+    assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    assert sorted(ended.pods) == workers[:1] and "group_world_size=1\n" in second_log, second_log[-3000:]
+    resumed = _events(second_log, "resume")
+    assert [(e["global_step"], e["checkpoint"], e["world_size"]) for e in resumed] == [
+        (stopped["global_step"], stopped["checkpoint"], {"saved": 2, "now": 1})], second_log[-3000:]
+    done = _events(second_log, "done")
+    assert len(done) == 1 and done[0]["epochs"] == EPOCHS, second_log[-3000:]
+    # the samples left after the stop, one rank's batch a step
+    assert done[0]["global_step"] == stopped["global_step"] + (STEPS - stopped["global_step"]) * 2
+    assert done[0]["checkpoint"] == f"{args.checkpoint_uri}/{manifest_name(done[0]['global_step'])}"
+
+
 def test_an_mpijob_worker_pod_deleted_mid_run_stops_its_ranks_and_the_launcher_reruns_them_to_the_same_bits(
         gangs, reference, tmp_path):
     """The same for an MPIJob: the kubelet SIGTERMs the deleted worker's PID 1, tini, which passes it to
@@ -697,18 +730,6 @@ def test_a_trainer_exiting_1_fails_the_trainjob_and_jobset_never_restarts_it(gan
 USER_STEPS, USER_SAVE_EVERY = 6000, 200
 
 
-def _gpuyard(sim, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`gpuyard ARGS` as the user runs it, with `export KUBECONFIG=$(gpuyard sim kubeconfig | tail -1)`."""
-    return subprocess.run([sys.executable, "-m", "gpuyard.jobs.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
-
-
-def _user_lines(text: str) -> list[dict]:
-    """The script's one line a rank, by rank."""
-    lines = [json.loads(line[line.index("{"):]) for line in text.splitlines() if '{"rank"' in line]
-    return sorted(lines, key=lambda line: line["rank"])
-
-
 def _manifest_steps(gangs: Gangs, name: str) -> list[int]:
     """The steps of the checkpoints the job ``name`` published in its folder of the team's prefix."""
     bucket, prefix = checkpoint_uri(gangs.config, gangs.config.team(TEAM), name).removeprefix("s3://").split("/", 1)
@@ -719,30 +740,23 @@ def _manifest_steps(gangs: Gangs, name: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def own_image(sim, gangs, tmp_path_factory) -> Iterator[str]:
-    """The README's own-script example in a project folder, built by `gpuyard images build --context` on the
-    pytorchjob image and pushed to the sim's registry (BuildKit: no Docker engine here); removed afterwards."""
-    project = tmp_path_factory.mktemp("project")
-    (project / "train.py").write_text(readme_script())
-    built = _gpuyard(sim, "images", "build", "--context", str(project), "--team", TEAM, "--kind", "pytorchjob",
-                     "--registry", gangs.registry_prefix, "--push")
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    ref = built.stdout.splitlines()[-1]
-    address = gangs.registry_prefix.split("/", 1)[0]
-    repository, tag = ref.removeprefix(f"{address}/").rsplit(":", 1)
-    _, body = sim.registry().manifest(repository, tag)
-    try:
+    """The user's script on the pytorchjob (and trainjob) image: the ddp image."""
+    with script_image(sim, gangs.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "pytorchjob") as ref:
         yield ref
-    finally:  # the registry's storage is the cache's: leave no test image in it
-        request = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/"
-                                         f"sha256:{hashlib.sha256(body).hexdigest()}", method="DELETE")
-        urllib.request.urlopen(request, timeout=30).close()
 
 
-def _submit_own(sim, gangs: Gangs, image: str, steps: int) -> str:
+@pytest.fixture(scope="module")
+def own_mpi_image(sim, gangs, tmp_path_factory) -> Iterator[str]:
+    """The user's script on the mpijob (and volcanojob) image: the mpi image."""
+    with script_image(sim, gangs.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "mpijob") as ref:
+        yield ref
+
+
+def _submit_own(sim, gangs: Gangs, image: str, steps: int, kind: str = "pytorchjob", cpu: str = "0.9") -> str:
     """`gpuyard submit` of the user's script on their image (no --name: a new name); returns the name."""
     env = {**gangs.aws.env, "AWS_DEFAULT_REGION": gangs.config.region}
-    result = _gpuyard(sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", "pytorchjob", "--gpus-per-node",
-                      "0", "--cpu", "0.9", "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
+    result = gpuyard(sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", kind, "--gpus-per-node",
+                      "0", "--cpu", cpu, "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
                       "train.py", str(steps), str(USER_SAVE_EVERY))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
@@ -753,7 +767,7 @@ def _running_status(sim, name: str) -> dict:
     seconds after the pods start)."""
     deadline = time.monotonic() + POD_TIMEOUT_SECONDS
     while True:
-        status = json.loads(_gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+        status = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
         if status["phase"] == "Running" and (status["gang"] or {}).get("phase") == "Running":
             return status
         assert time.monotonic() < deadline, status
@@ -767,24 +781,6 @@ def _first_manifest(gangs: Gangs, name: str) -> None:
         time.sleep(1)
 
 
-@contextmanager
-def _run_here(folder: Path, log: Path) -> Iterator[subprocess.Popen]:
-    """The user's script under torchrun with 2 ranks here, as on their laptop, checkpointing to a local folder."""
-    (folder / "train.py").write_text(readme_script())
-    with log.open("w") as out:
-        run = subprocess.Popen(
-            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-             "--master-port", str(free_port()), "train.py", str(USER_STEPS), str(USER_SAVE_EVERY)], cwd=folder,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "GPUYARD_CHECKPOINT_URI": str(folder / "checkpoints")})
-    try:
-        yield run
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-
-
 def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_resumed_and_cancelled(
         sim, gangs, own_image, tmp_path):
     """Issue 25's path on real nodes: the user's script (not the reference trainer) built into an image with
@@ -793,7 +789,7 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
     resumes there and ends with the weights of the same script run here never stopped; a second job is cancelled
     with `gpuyard cancel`, its stop saved in the grace period, every pod gone."""
     kubectl = gangs.kubectl
-    with _run_here(tmp_path, tmp_path / "here.log") as here:  # the uninterrupted run, beside the cluster's
+    with run_here(tmp_path, tmp_path / "here.log", USER_STEPS, USER_SAVE_EVERY) as here:  # the uninterrupted run, beside the cluster's
         name = _submit_own(sim, gangs, own_image, USER_STEPS)
         assert name.startswith(f"{TEAM}-pytorchjob-"), name
         master, worker = f"{name}-master-0", f"{name}-worker-0"
@@ -803,7 +799,7 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
         with _followed_to_the_end(kubectl, [master, worker], tmp_path, "first") as first_logs:
             _first_manifest(gangs, name)
             _delete_pod(kubectl, worker)
-        stopped = _user_lines("\n".join(_read(first_logs).values()))
+        stopped = user_lines("\n".join(_read(first_logs).values()))
         at = stopped[0]["step"]
         assert [(line["rank"], line["step"], line["exit"]) for line in stopped] == [(0, at, 143), (1, at, 143)]
         assert USER_SAVE_EVERY <= at < USER_STEPS and _manifest_steps(gangs, name)[-1] == at
@@ -816,15 +812,15 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
             env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
         ended = _ended(kubectl, name, time.monotonic())
         assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
-        resumed = [_user_lines(_gpuyard(sim, "logs", name, "--team", TEAM, "--rank", "0").stdout),
-                   _user_lines(followed.communicate(timeout=POD_TIMEOUT_SECONDS)[0])]
+        resumed = [user_lines(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", "0").stdout),
+                   user_lines(followed.communicate(timeout=POD_TIMEOUT_SECONDS)[0])]
         assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
                 for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
         # the operator's restart counts, though no container restarted in place (its pods were made again)
-        restarted = json.loads(_gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+        restarted = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
         assert restarted["restarts"] >= 1, restarted
         assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (tmp_path / "here.log").read_text()[-3000:]
-    uninterrupted = _user_lines((tmp_path / "here.log").read_text())
+    uninterrupted = user_lines((tmp_path / "here.log").read_text())
     assert {line["weights_sha256"] for lines in resumed for line in lines} == {uninterrupted[0]["weights_sha256"]}
 
     cancelled = _submit_own(sim, gangs, own_image, USER_STEPS * 100)
@@ -832,12 +828,55 @@ def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_res
     _running(kubectl, cancelled, pods)
     with _followed_to_the_end(kubectl, pods, tmp_path, "cancelled") as logs:
         _first_manifest(gangs, cancelled)
-        result = _gpuyard(sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
+        result = gpuyard(sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
     assert result.returncode == 0 and result.stdout.strip() == f"{cancelled}: cancelled, every pod gone", result.stderr
-    assert not _pods(kubectl, cancelled) and cancelled not in _gpuyard(sim, "list", "--team", TEAM).stdout
-    stopped = _user_lines("\n".join(_read(logs).values()))
+    assert not _pods(kubectl, cancelled) and cancelled not in gpuyard(sim, "list", "--team", TEAM).stdout
+    stopped = user_lines("\n".join(_read(logs).values()))
     assert {(line["step"], line["exit"]) for line in stopped} == {(stopped[0]["step"], 143)}, stopped
     assert _manifest_steps(gangs, cancelled)[-1] == stopped[0]["step"]  # the stop's checkpoint, saved in the grace
+
+
+# each kind's image, the CPU of its pods on the real node's 2 cores (an MPI launcher asks 1), its resource
+OTHER_KINDS = {"trainjob": ("own_image", "0.9", JOB_RESOURCES["TrainJob"]),
+               "mpijob": ("own_mpi_image", "0.45", JOB_RESOURCES["MPIJob"]),
+               "volcanojob": ("own_mpi_image", "0.45", JOB_RESOURCES["Job"])}
+SHORT_STEPS = 600
+
+
+@pytest.fixture(scope="module")
+def short_here(tmp_path_factory) -> dict:
+    """The user's script run here for ``SHORT_STEPS`` (2 ranks under torchrun): rank 0's line."""
+    folder = tmp_path_factory.mktemp("short")
+    with run_here(folder, folder / "here.log", SHORT_STEPS, USER_SAVE_EVERY) as here:
+        assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (folder / "here.log").read_text()[-3000:]
+    return user_lines((folder / "here.log").read_text())[0]
+
+
+@pytest.mark.parametrize("kind", OTHER_KINDS)
+def test_a_users_own_script_runs_unchanged_as_each_other_kind_and_its_ranks_lines_are_in_gpuyard_logs(
+        sim, gangs, short_here, kind, request):
+    """The same script, submitted with `gpuyard submit --kind KIND` on the image of its kind (torchrun's for TrainJob,
+    mpirun's for MPIJob and Volcano Job), trains on the real node to the end with the weights of the run here: the
+    library takes the ranks whichever launcher gave them. `gpuyard status` says how it ended, with no restart;
+    `gpuyard logs` has both ranks' lines (the launcher's pod for the MPI kinds, each node's with --rank for TrainJob).
+    Preemption and cancel of a user's script are the PyTorchJob's test above; every kind's preemption the reference
+    trainer's (the same library)."""
+    fixture, cpu, resource = OTHER_KINDS[kind]
+    name = _submit_own(sim, gangs, request.getfixturevalue(fixture), SHORT_STEPS, kind=kind, cpu=cpu)
+    assert name.startswith(f"{TEAM}-{kind}-"), name
+    ended = _ended(gangs.kubectl, name, time.monotonic(), kind=resource)
+    assert ended.state in ENDED, json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    status = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+    assert (status["phase"], status["restarts"]) == (ended.state, 0), status
+    if kind == "trainjob":
+        lines = [line for rank in ("0", "1")
+                 for line in user_lines(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", rank).stdout)]
+    else:
+        lines = user_lines(gpuyard(sim, "logs", name, "--team", TEAM).stdout)
+    assert [(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines] == [
+        (0, SHORT_STEPS, 0, None), (1, SHORT_STEPS, 0, None)], lines
+    assert {line["weights_sha256"] for line in lines} == {short_here["weights_sha256"]}
+    assert _manifest_steps(gangs, name)[-1] == SHORT_STEPS
 
 
 def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeeded_else_says_what_the_kubelet_saw(
@@ -865,7 +904,7 @@ def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeede
     assert message.startswith(f"PyTorchJob {NAMESPACE}/typo Failed: ") and "container pytorch: exit 2 (Error)" in message
     assert "unrecognized arguments: --no-such-flag" in message
     # exit 2 is final: never restarted, though the operator's status update records "is restarting" for any failure
-    [typo] = json.loads(_gpuyard(sim, "status", "typo", "--team", TEAM, "--json").stdout)
+    [typo] = json.loads(gpuyard(sim, "status", "typo", "--team", TEAM, "--json").stdout)
     assert (typo["phase"], typo["restarts"]) == ("Failed", 0), typo
 
     (tmp_path / "unbuilt.yaml").write_text(gangs.render("unbuilt", ["-m", TRAIN_MODULE],

@@ -30,13 +30,15 @@ from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
+from gpuyard.sim.cluster import Sim
 from gpuyard.sim.kube import Kubectl
+from own_script import gpuyard, run_here, script_image, user_lines
 from sim_running import CPU_NODE, jobs_removed, real_node_bucket, running_sim
 from test_sim_real_gang import _differences
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("sim"),
+    pytest.mark.xdist_group("real-nodes"),  # one real-node cluster at a time (one bridge address)
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the ray image's pull and unpack, Ray's start, training
 ]
@@ -56,6 +58,7 @@ class Rays:
     """The sim ready for RayJobs on the real CPU node: the images in its registry, the CPU pool's kwok nodes
     cordoned, the stack's bucket on a moto_server the pods reach."""
 
+    sim: Sim
     kubectl: Kubectl
     config: StackConfig
     registry_prefix: str
@@ -86,7 +89,7 @@ def rays(tmp_path_factory) -> Iterator[Rays]:
     config = load_stack(STACK)
     with (running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim,
           real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws):
-        yield Rays(sim.kubectl(), config, sim.registry().prefix(config), aws)
+        yield Rays(sim, sim.kubectl(), config, sim.registry().prefix(config), aws)
 
 
 @pytest.fixture(autouse=True)
@@ -221,3 +224,35 @@ def test_a_ray_worker_pod_deleted_mid_run_stops_the_trainer_which_saves_and_the_
     assert len(done) == 1 and done[0]["weights_sha256"] == reference[0]["weights_sha256"]
     ours = checkpoints.read(manifest_name(STEPS)).state
     assert _differences(ours, rays.checkpoints(run.args).read(manifest_name(STEPS)).state) == []
+
+
+# the README's own script (tests/own_script.py): steps, a checkpoint every so many
+USER_STEPS, USER_SAVE_EVERY = 600, 200
+
+
+def test_a_users_own_script_runs_unchanged_as_a_rayjob_and_its_ranks_lines_are_in_gpuyard_logs(rays, tmp_path_factory):
+    """The user's script built on the rayjob image (`gpuyard images build --context --kind rayjob`) and submitted with
+    `gpuyard submit --kind rayjob`: the Ray entry runs it on each of the 2 Ray Train workers, which train it to the
+    end with the weights of the same script run here under torchrun; `gpuyard status` says it ended with no
+    restart, `gpuyard logs` (the submitter's, the driver's output) has both ranks' lines."""
+    here_folder = tmp_path_factory.mktemp("here")
+    env = {**rays.aws.env, "AWS_DEFAULT_REGION": rays.config.region}
+    with (script_image(rays.sim, rays.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "rayjob") as image,
+          run_here(here_folder, here_folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here):
+        submitted = gpuyard(rays.sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", "rayjob", "--gpus-per-node",
+                            "0", "--cpu", "0.25", "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
+                            "train.py", str(USER_STEPS), str(USER_SAVE_EVERY))
+        assert submitted.returncode == 0, submitted.stderr
+        name = submitted.stdout.strip().splitlines()[-1]
+        ended = _ended(rays.kubectl, name)
+        assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (here_folder / "here.log").read_text()[-3000:]
+    logs = gpuyard(rays.sim, "logs", name, "--team", TEAM).stdout
+    assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+        json.dumps(ended.status), logs[-3000:])
+    status = json.loads(gpuyard(rays.sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+    assert status["restarts"] == 0, status
+    lines = user_lines(logs)
+    assert [(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines] == [
+        (0, USER_STEPS, 0, None), (1, USER_STEPS, 0, None)], logs[-3000:]
+    here_lines = user_lines((here_folder / "here.log").read_text())
+    assert {line["weights_sha256"] for line in lines} == {here_lines[0]["weights_sha256"]}
