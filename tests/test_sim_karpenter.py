@@ -34,7 +34,7 @@ from gpuyard.sim.submit import KWOK_COMPLETED, SubmitFailed, job_phase, submit
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("sim"),  # -n 2 --dist loadgroup: one kwok cluster at a time, beside the real-node one
+    pytest.mark.xdist_group("sim"),  # -n 2 --dist loadgroup: one cluster at a time (the MPI Operator holds port 8080)
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"

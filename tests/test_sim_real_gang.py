@@ -54,7 +54,7 @@ from own_script import gpuyard, run_here, script_image, user_lines
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("real-nodes"),  # one real-node cluster at a time (one bridge address)
+    pytest.mark.xdist_group("sim"),
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the image's pull and unpack, the training
 ]

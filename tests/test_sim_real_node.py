@@ -22,7 +22,7 @@ from sim_running import pod_ended, running_sim
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("real-nodes"),  # one real-node cluster at a time (one bridge address)
+    pytest.mark.xdist_group("sim"),
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"

@@ -38,7 +38,7 @@ from test_sim_real_gang import _differences
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("real-nodes"),  # one real-node cluster at a time (one bridge address)
+    pytest.mark.xdist_group("sim"),
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
     pytest.mark.timeout(1800),  # the cluster (about 4 min), the ray image's pull and unpack, Ray's start, training
 ]
