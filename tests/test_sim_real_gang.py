@@ -5,9 +5,11 @@ checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded;
 deleted mid-run stops on the kubelet's SIGTERM, is recreated by the Training Operator and ends bitwise identical to
 the first; one that diverges exits 1 and is never retried; an MPIJob with a worker's pod deleted mid-run is rerun by
 its launcher and ends bitwise identical to the PyTorchJob, and so do a TrainJob restarted by JobSet and a Volcano
-Job restarted by Volcano, each with a rank's pod deleted mid-run. A user's own script (the README's) goes the
-user's way: `gpuyard images build --context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a
-preemption it resumes from, `gpuyard cancel`.
+Job restarted by Volcano, each with a rank's pod deleted mid-run; an elastic PyTorchJob shrunk from 2 nodes to 1
+resumes at world size 1 and finishes. A user's own script (the README's) goes the user's way: `gpuyard images build
+--context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a preemption it resumes from,
+`gpuyard cancel`; and runs unchanged as a TrainJob, an MPIJob and a Volcano Job. Each test's jobs are removed after
+it (tests/sim_running.py jobs_removed), so one that fails cannot hold the node for the next.
 
 The ranks are CPU-only (`--gpus-per-node 0`): all run on the one real node of the CPU NodePool, since the ddp image
 unpacks to 5.1 GB per node and this disk holds one copy (README, "Real nodes"); `--cpu 0.9` (the workers of an

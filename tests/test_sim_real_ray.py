@@ -3,7 +3,8 @@
 KubeRay creates the RayCluster (a head and 2 workers) on the real CPU node, waits for the real head's dashboard,
 creates the K8sJobMode submitter from the rendered template, which the team namespace's `restricted` Pod Security
 admits, and follows the Ray job through the head's dashboard (sim/ray_proxy.py forwards, never answers); the RayJob
-Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket.
+Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket. A worker
+deleted mid-run stops the trainer, which resumes bitwise; a user's own script runs unchanged as a RayJob.
 
 CPU-only (`--gpus-per-node 0`) on the one real node of the CPU NodePool, the machine's 2 cores: the head's 1 CPU,
 the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is a moto_server on the sim's bridge at port 443,
