@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuyard.jobs.local_aws import free_port
+from gpuyard.infra.config import StackConfig
+from gpuyard.jobs.local_aws import LocalAWS, free_port
 from gpuyard.sim.cluster import Sim
 from test_workload_library import readme_script
 
@@ -29,6 +30,18 @@ def user_lines(text: str) -> list[dict]:
     """The script's one line a rank, by rank."""
     lines = [json.loads(line[line.index("{"):]) for line in text.splitlines() if '{"rank"' in line]
     return sorted(lines, key=lambda line: line["rank"])
+
+
+def submit_script(sim: Sim, config: StackConfig, aws: LocalAWS, image: str, team: str, kind: str, cpu: str,
+                  steps: int, save_every: int) -> str:
+    """`gpuyard submit --kind KIND` of the script on its image (no --name: a new name), CPU-only, its bucket the test's
+    moto_server (given with --env); returns the job's name."""
+    env = {**aws.env, "AWS_DEFAULT_REGION": config.region}
+    result = gpuyard(sim, "submit", "--stack", config.stack, "--team", team, "--kind", kind, "--gpus-per-node", "0",
+                     "--cpu", cpu, "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
+                     "train.py", str(steps), str(save_every))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
 
 
 @contextmanager

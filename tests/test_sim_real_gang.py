@@ -52,7 +52,7 @@ from gpuyard.sim import coredns, pause
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
 from sim_running import CPU_NODE, jobs_removed, pod_ended, real_node_bucket, running_sim
-from own_script import gpuyard, run_here, script_image, user_lines
+from own_script import gpuyard, run_here, script_image, submit_script, user_lines
 
 pytestmark = [
     pytest.mark.sim,
@@ -755,13 +755,8 @@ def own_mpi_image(sim, gangs, tmp_path_factory) -> Iterator[str]:
 
 
 def _submit_own(sim, gangs: Gangs, image: str, steps: int, kind: str = "pytorchjob", cpu: str = "0.9") -> str:
-    """`gpuyard submit` of the user's script on their image (no --name: a new name); returns the name."""
-    env = {**gangs.aws.env, "AWS_DEFAULT_REGION": gangs.config.region}
-    result = gpuyard(sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", kind, "--gpus-per-node",
-                      "0", "--cpu", cpu, "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
-                      "train.py", str(steps), str(USER_SAVE_EVERY))
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip().splitlines()[-1]
+    """`gpuyard submit` of the user's script on their image; returns the new job's name."""
+    return submit_script(sim, gangs.config, gangs.aws, image, TEAM, kind, cpu, steps, USER_SAVE_EVERY)
 
 
 def _running_status(sim, name: str) -> dict:

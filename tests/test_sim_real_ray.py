@@ -33,7 +33,7 @@ from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
 from gpuyard.sim.cluster import Sim
 from gpuyard.sim.kube import Kubectl
-from own_script import gpuyard, run_here, script_image, user_lines
+from own_script import gpuyard, run_here, script_image, submit_script, user_lines
 from sim_running import CPU_NODE, jobs_removed, real_node_bucket, running_sim
 from test_sim_real_gang import _differences
 
@@ -237,14 +237,10 @@ def test_a_users_own_script_runs_unchanged_as_a_rayjob_and_its_ranks_lines_are_i
     end with the weights of the same script run here under torchrun; `gpuyard status` says it ended with no
     restart, `gpuyard logs` (the submitter's, the driver's output) has both ranks' lines."""
     here_folder = tmp_path_factory.mktemp("here")
-    env = {**rays.aws.env, "AWS_DEFAULT_REGION": rays.config.region}
     with (script_image(rays.sim, rays.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "rayjob") as image,
           run_here(here_folder, here_folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here):
-        submitted = gpuyard(rays.sim, "submit", "--stack", STACK, "--team", TEAM, "--kind", "rayjob", "--gpus-per-node",
-                            "0", "--cpu", "0.25", "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
-                            "train.py", str(USER_STEPS), str(USER_SAVE_EVERY))
-        assert submitted.returncode == 0, submitted.stderr
-        name = submitted.stdout.strip().splitlines()[-1]
+        name = submit_script(rays.sim, rays.config, rays.aws, image, TEAM, "rayjob", "0.25", USER_STEPS,
+                             USER_SAVE_EVERY)
         ended = _ended(rays.kubectl, name)
         assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (here_folder / "here.log").read_text()[-3000:]
     logs = gpuyard(rays.sim, "logs", name, "--team", TEAM).stdout
