@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from gpuyard.jobs.workload.ray_entry import NAMESPACE, POLL_SECONDS, STOP_ACTOR
 
@@ -38,13 +39,13 @@ def _answers(address: str) -> bool:
     return True
 
 
-def _leave(message: str) -> None:
+def _leave(message: str) -> NoReturn:
     sys.stderr.write(f"ray_stop: {message}\n")
     sys.stderr.flush()
     os._exit(0)  # from the watcher too, whatever the main thread waits in
 
 
-def _watch(address: str, deadline: float) -> None:
+def _watch(address: str, deadline: float) -> NoReturn:
     """End the hook at the deadline, or once the head stops answering."""
     while True:
         if time.monotonic() > deadline:
