@@ -27,7 +27,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _moto_command() -> list[str]:
+def moto_command() -> list[str]:
     beside_python = Path(sys.executable).with_name("moto_server")
     found = beside_python if beside_python.exists() else shutil.which("moto_server")
     if not found:
@@ -69,7 +69,7 @@ class LocalAWS:
     def start(self, timeout: float = 30.0) -> "LocalAWS":
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._process = subprocess.Popen(
-            [*_moto_command(), "-H", self.host, "-p", str(self.port)],
+            [*moto_command(), "-H", self.host, "-p", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **CREDENTIALS}, start_new_session=True,
             preexec_fn=die_with_parent,
         )

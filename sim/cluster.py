@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gpuyard.infra.config import load_stack
-from gpuyard.sim import addons, coredns, karpenter, kwok, monitoring, netpol, nodes, pause, realnode, registry, stack
+from gpuyard.sim import (addons, coredns, irsa, karpenter, kwok, monitoring, netpol, nodes, pause, realnode, registry, s3,
+                         stack)
 from gpuyard.sim.build import build_all, build_component
 from gpuyard.sim.controlplane import ControlPlane
 from gpuyard.sim.kube import Kubectl, KubectlError
@@ -35,7 +36,8 @@ class Sim:
     ``consolidate_after`` if given (tests) or after their own ``consolidateAfter``. With ``monitoring``
     kube-state-metrics and Prometheus evaluate the stack's showback rules (sim/monitoring.py). With ``real_nodes``
     that many of the stack's GPU nodes are real kubelets running real containers (sim/realnode.py), the others
-    kwok's."""
+    kwok's, and the pods reach the stack's bucket on the sim's S3 endpoint with IRSA credentials (sim/s3.py,
+    sim/irsa.py)."""
 
     stack: str
     folder: Path | None = None
@@ -124,6 +126,8 @@ class Sim:
             say("starting kube-proxy and kube-router's NetworkPolicy firewall for the real nodes")
             netpol.start(self.state, realnode.bridge_name(self.state), real[0]["metadata"]["name"], bins,
                          self.kubeconfig, kubectl, self.supervisor)
+            say(f"starting the S3 and STS endpoint on {realnode.GATEWAY}:{s3.PORT} with {config.checkpoint_bucket}")
+            endpoint = s3.start(self.supervisor, realnode.GATEWAY, config)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
                                  pytorch_init_image=busybox, cluster_dns=coredns.ADDRESS if real else None)
         for name, start in addons.STARTS.items():
@@ -135,9 +139,14 @@ class Sim:
         say(f"applying the stack's Kubernetes layer ({len(objects)} objects)")
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces)
         kubectl.apply(o for o in objects if stack.simulated(o))
+        if real:
+            say("applying IRSA's stand-in: the team pods' credentials from the sim's STS")
+            kubectl.apply(irsa.policies(objects, config.region, endpoint))
         if config.teams and any(o["kind"] == "ValidatingAdmissionPolicyBinding" for o in objects):
             say("waiting for the API server to enforce the admission policies")
             _wait_for_admission_policies(kubectl, config.teams[0].namespace)
+        if real and config.teams:
+            _wait_for_irsa(kubectl, config.teams[0])
         if self.karpenter:
             say("starting Karpenter with its kwok provider")
             karpenter.start_karpenter(context, resources, config.region, zones, self.consolidate_after)
@@ -177,6 +186,7 @@ class Sim:
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.is_file() else None,
             "registry": images.prefix(load_stack(self.stack)) if images else None,
             "prometheus": monitoring.recorded(self.state),
+            "s3_endpoint": s3.recorded(self.state),
             "processes": {name: {"pid": pid, "alive": name in alive} for name, pid in recorded.items()},
         }
 
@@ -201,6 +211,18 @@ def _wait_for_admission_policies(kubectl: Kubectl, namespace: str) -> None:
                 raise
         if time.monotonic() > deadline:
             raise KubectlError(f"the admission policies were not enforced after {POLICIES_TIMEOUT:.0f}s")
+        time.sleep(0.5)
+
+
+def _wait_for_irsa(kubectl: Kubectl, team) -> None:
+    """Until a pod of the team's ServiceAccount created now gets its role's variables (a dry run): the API server
+    compiles mutating policies from its informers, as the validating ones."""
+    probe = json.dumps(irsa.probe_pod(team.namespace, team.service_account, team.priority_class))
+    deadline = time.monotonic() + POLICIES_TIMEOUT
+    while not irsa.injected(json.loads(kubectl.run("create", "--dry-run=server", "-o", "json", "-f", "-",
+                                                   stdin=probe))):
+        if time.monotonic() > deadline:
+            raise KubectlError(f"IRSA's policies did not mutate a pod after {POLICIES_TIMEOUT:.0f}s")
         time.sleep(0.5)
 
 

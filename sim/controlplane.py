@@ -96,7 +96,10 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
             f"--cert-dir={self.state / 'pki'}",
             *([f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}",
-               "--kubelet-preferred-address-types=InternalIP"] if kubelets else []),
+               "--kubelet-preferred-address-types=InternalIP",
+               # the IRSA stand-in's MutatingAdmissionPolicies (sim/irsa.py): beta in 1.35, off by default
+               "--feature-gates=MutatingAdmissionPolicy=true",
+               "--runtime-config=admissionregistration.k8s.io/v1beta1=true"] if kubelets else []),
         ])
         self.wait_ready()
         common = [f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpuyard.infra.config import StackConfig
-from gpuyard.jobs.local_aws import LocalAWS, free_port
+from gpuyard.jobs.local_aws import free_port
 from gpuyard.sim.cluster import Sim
 from test_workload_library import readme_script
 
@@ -32,14 +32,12 @@ def user_lines(text: str) -> list[dict]:
     return sorted(lines, key=lambda line: line["rank"])
 
 
-def submit_script(sim: Sim, config: StackConfig, aws: LocalAWS, image: str, team: str, kind: str, cpu: str,
-                  steps: int, save_every: int) -> str:
-    """`gpuyard submit --kind KIND` of the script on its image (no --name: a new name), CPU-only, its bucket the test's
-    moto_server (given with --env); returns the job's name."""
-    env = {**aws.env, "AWS_DEFAULT_REGION": config.region}
+def submit_script(sim: Sim, config: StackConfig, image: str, team: str, kind: str, cpu: str, steps: int,
+                  save_every: int) -> str:
+    """`gpuyard submit --kind KIND` of the script on its image (no --name: a new name), CPU-only, nothing else given:
+    its pods reach the sim's bucket with the team's IRSA credentials; returns the job's name."""
     result = gpuyard(sim, "submit", "--stack", config.stack, "--team", team, "--kind", kind, "--gpus-per-node", "0",
-                     "--cpu", cpu, "--image", image, *(f"--env={k}={v}" for k, v in env.items()), "--",
-                     "train.py", str(steps), str(save_every))
+                     "--cpu", cpu, "--image", image, "--", "train.py", str(steps), str(save_every))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 

@@ -13,7 +13,7 @@ import pytest
 
 from gpuyard.infra.config import StackConfig
 from gpuyard.jobs.local_aws import LocalAWS
-from gpuyard.sim import netpol, realnode
+from gpuyard.sim import netpol, realnode, s3
 from gpuyard.sim.cluster import Sim
 from gpuyard.sim.images import build_images
 from gpuyard.sim.processes import alive, zombie
@@ -44,24 +44,22 @@ def running_sim(stack: str, state: Path, **options) -> Iterator[Sim]:
 
 
 @contextmanager
-def real_node_bucket(sim: Sim, config: StackConfig, logs: Path) -> Iterator[LocalAWS]:
+def real_node_bucket(sim: Sim, config: StackConfig) -> Iterator[LocalAWS]:
     """The sim ready for jobs on its real CPU node for the block: the stack's images in its registry, the CPU pool's
-    kwok nodes cordoned (a job lands where containers run), and the stack's bucket on a moto_server (log in ``logs``)
-    that this process's environment points at. It listens on the bridge's own address, which the pods reach (and
-    nothing outside the sim's namespace), on 443: the team namespace's NetworkPolicies let pods out to TCP 443 only
-    (infra/tenancy.py allow-https-egress)."""
+    kwok nodes cordoned (a job lands where containers run), and this process's environment pointed at the sim's own
+    S3 endpoint (sim/s3.py, with the stack's bucket), where it reads the checkpoints as the pods wrote them. The pods
+    get nothing from the tests: their credentials come from the sim's STS through IRSA's stand-in (sim/irsa.py)."""
     kubectl = sim.kubectl()
     build_images(sim.registry(), config.stack)
     pool = kubectl.run("get", "nodes", "-o", "name", "-l", "karpenter.sh/nodepool=cpu,karpenter.sh/capacity-type=on-demand")
     others = [name for name in pool.split() if name != f"node/{CPU_NODE}"]
     assert others
     kubectl.run("cordon", *others)
-    with (LocalAWS(log_path=logs / "moto.log", host=realnode.GATEWAY, port=443) as aws,
-          pytest.MonkeyPatch.context() as env):
+    aws = s3.endpoint_of(sim.state)
+    assert aws is not None, "`gpuyard sim up --real-nodes` started no S3 endpoint"
+    with pytest.MonkeyPatch.context() as env:
         for key, value in {**aws.env, "AWS_DEFAULT_REGION": config.region}.items():
-            env.setenv(key, value)  # this process reads the checkpoints as the pods wrote them
-        aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
-                                       CreateBucketConfiguration={"LocationConstraint": config.region})
+            env.setenv(key, value)
         yield aws
 
 

@@ -16,7 +16,8 @@ import urllib.request
 
 import pytest
 
-from gpuyard.sim import nodes
+from gpuyard.infra.config import load_stack
+from gpuyard.sim import nodes, realnode, s3
 from gpuyard.sim.images import build_images
 from sim_running import pod_ended, running_sim
 
@@ -52,6 +53,13 @@ def test_the_real_node_is_a_kubelet_with_containerd_shaped_like_its_pool(sim):
     # g5.xlarge's 16 GiB less the EKS reservation (sim/nodes.py), as the kwok nodes of its pool have it
     assert node["status"]["allocatable"]["memory"] == nodes.resources(nodes.SHAPES["g5.xlarge"])[1]["memory"]
     assert [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"] == ["10.244.255.1"]
+
+
+def test_status_names_the_sims_s3_endpoint_on_the_bridge_holding_the_stacks_bucket(sim):
+    """`gpuyard sim status --json`'s ``s3_endpoint``: where pods reach the stack's bucket (sim/s3.py)."""
+    assert sim.status()["s3_endpoint"] == f"http://{realnode.GATEWAY}:443"
+    buckets = s3.endpoint_of(sim.state).client("s3").list_buckets()["Buckets"]
+    assert [bucket["Name"] for bucket in buckets] == [load_stack(STACK).checkpoint_bucket]
 
 
 def _image_command(address: str, repository: str, tag: str) -> list[str]:

@@ -7,8 +7,8 @@ Succeeds because the Ray job did, and the trainer's checkpoints are in the team'
 deleted mid-run stops the trainer, which resumes bitwise; a user's own script runs unchanged as a RayJob.
 
 CPU-only (`--gpus-per-node 0`) on the one real node of the CPU NodePool, the machine's 2 cores: the head's 1 CPU,
-the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is a moto_server on the sim's bridge at port 443,
-as in tests/test_sim_real_gang.py. Needs what tests/test_sim_real_node.py needs (Go, the images, the pause package).
+the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is on the sim's own endpoint, reached with the
+team's IRSA credentials, as in tests/test_sim_real_gang.py. Needs what tests/test_sim_real_node.py needs (Go, the images, the pause package).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ JOB_TIMEOUT_SECONDS = 1200
 @dataclass(frozen=True)
 class Rays:
     """The sim ready for RayJobs on the real CPU node: the images in its registry, the CPU pool's kwok nodes
-    cordoned, the stack's bucket on a moto_server the pods reach."""
+    cordoned, the stack's bucket on the sim's S3 endpoint."""
 
     sim: Sim
     kubectl: Kubectl
@@ -71,12 +71,12 @@ class Rays:
                                                             "save_every_steps": SAVE_EVERY_STEPS})
 
     def submit(self, name: str, args: TrainArgs) -> None:
-        """`gpuyard render --kind rayjob` of the reference Ray entry with ``args``, applied."""
-        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region}
+        """`gpuyard render --kind rayjob` of the reference Ray entry with ``args``, applied (no AWS settings: the
+        pods' IRSA credentials reach the sim's bucket)."""
         rendered = subprocess.run(
             [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind",
              "rayjob", "--name", name, "--gpus-per-node", "0", "--cpu", "0.25", "--registry", self.registry_prefix,
-             *(f"--env={k}={v}" for k, v in env.items()), "--", "-m", RAY_MODULE, *args.to_argv(),
+             "--", "-m", RAY_MODULE, *args.to_argv(),
              "--num-workers", str(WORKERS), "--no-use-gpu"],
             capture_output=True, text=True, check=True).stdout
         self.kubectl.run("apply", "-f", "-", stdin=rendered)
@@ -89,7 +89,7 @@ class Rays:
 def rays(tmp_path_factory) -> Iterator[Rays]:
     config = load_stack(STACK)
     with (running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim,
-          real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws):
+          real_node_bucket(sim, config) as aws):
         yield Rays(sim, sim.kubectl(), config, sim.registry().prefix(config), aws)
 
 
@@ -239,7 +239,7 @@ def test_a_users_own_script_runs_unchanged_as_a_rayjob_and_its_ranks_lines_are_i
     here_folder = tmp_path_factory.mktemp("here")
     with (script_image(rays.sim, rays.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "rayjob") as image,
           run_here(here_folder, here_folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here):
-        name = submit_script(rays.sim, rays.config, rays.aws, image, TEAM, "rayjob", "0.25", USER_STEPS,
+        name = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS,
                              USER_SAVE_EVERY)
         ended = _ended(rays.kubectl, name)
         assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (here_folder / "here.log").read_text()[-3000:]

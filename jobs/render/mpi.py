@@ -4,7 +4,7 @@ The paths, user and port are the ``mpi`` image's (images/mpi): uid 1000 ``gpuyar
 the job's SSH secret in ``/home/gpuyard/.ssh``, sshd on the unprivileged port 2222, which the
 templates also pass explicitly (sshd ``-p``, mpirun's ``plm_rsh_args``).
 Remote ranks start from sshd with a clean environment, so mpirun exports the
-rendezvous, NCCL/EFA, the spec's env and the IRSA credentials with ``-x``.
+rendezvous, NCCL/EFA, the spec's env, the IRSA credentials and boto3's endpoint with ``-x``.
 """
 
 from gpuyard.jobs.command import MPI_RANK_MODULE
@@ -21,6 +21,8 @@ MASTER_PORT = 29500
 # Injected by the EKS pod identity webhook into pods of the team's (IRSA) service account.
 IRSA_ENV = ("AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
             "AWS_STS_REGIONAL_ENDPOINTS")
+# boto3's endpoint where a pod has one (an S3-compatible store; the simulated cluster's, sim/irsa.py): unset on EKS.
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL",)
 # The image's library path, where NCCL finds aws-ofi-nccl and libfabric (images/common/install-efa.sh).
 IMAGE_ENV = ("LD_LIBRARY_PATH",)
 
@@ -40,7 +42,7 @@ def mpirun_command(spec: JobSpec, env: dict[str, str], hosts: list[str] | None =
                "--mca", "plm_rsh_args", f"-p {SSH_PORT} -o ConnectionAttempts=10"]
     if hosts:
         command += ["--host", ",".join(f"{host}:{spec.procs_per_node}" for host in hosts)]
-    for name in (*env, *IRSA_ENV, *IMAGE_ENV):
+    for name in (*env, *IRSA_ENV, *ENDPOINT_ENV, *IMAGE_ENV):
         command += ["-x", name]
     return [*command, "python3", *rank_program(spec)]
 
