@@ -1,7 +1,8 @@
 """`gpuyard sim up --real-nodes 1` with cluster DNS: pods on the real nodes resolve Services (headless ones too) by
 name through the sim's CoreDNS, and 2-rank jobs rendered by `gpuyard render` run on the real CPU node: Volcano
 gang-schedules them, the operators start their pods, the ranks find each other through DNS, train over gloo and
-checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded; the same job with its worker's pod
+checkpoint to the team's prefix of the bucket. A PyTorchJob trains to Succeeded, and so does team nlp's in its own
+namespace, queue, role and prefix; the same job with its worker's pod
 deleted mid-run stops on the kubelet's SIGTERM, is recreated by the Training Operator and ends bitwise identical to
 the first; one that diverges exits 1 and is never retried; an MPIJob with a worker's pod deleted mid-run is rerun by
 its launcher and ends bitwise identical to the PyTorchJob, and so do a TrainJob restarted by JobSet and a Volcano
@@ -17,8 +18,8 @@ MPIJob or a Volcano Job 0.45, beside its launcher's 1) because that node has the
 m7i.2xlarge's 8. The trainer is the template's reference trainer with its arguments given after `--`, with the
 `mlp` model and a larger dataset, so that a run trains long enough to be interrupted (the template's `linear` model
 on 2048 samples trains in a second).
-The stack's S3 bucket is a moto_server on the sim's bridge that these tests start (the sim has no S3 endpoint of its
-own yet), reached through the `--env` variables boto3 reads.
+The stack's S3 bucket is on the sim's own endpoint (sim/s3.py), which the pods reach with their team's IRSA
+credentials (sim/irsa.py): the tests give them no AWS setting.
 Needs what tests/test_sim_real_node.py needs (Go, the images in the registry's storage, the pause package cached).
 """
 
@@ -48,7 +49,7 @@ from gpuyard.jobs.workload.args import TRAIN_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import MANIFEST, Checkpointer, manifest_name, step_of
 from gpuyard.jobs.workload.storage import open_storage
 from gpuyard.jobs.workload.train import identity
-from gpuyard.sim import coredns, pause
+from gpuyard.sim import coredns, irsa, pause
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.submit import ENDED, FAILED, JOB_RESOURCES, SUCCEEDED, SubmitFailed, job_phase, submit
 from sim_running import CPU_NODE, jobs_removed, pod_ended, real_node_bucket, running_sim
@@ -62,6 +63,7 @@ pytestmark = [
 ]
 STACK = "dev"
 TEAM, NAMESPACE = "vision", "team-vision"
+OTHER_TEAM, OTHER_NAMESPACE = "nlp", "team-nlp"
 JOB, PREEMPTED, DIVERGED, MPI_PREEMPTED = "gang", "preempted", "diverged", "mpi-preempted"
 TRAINJOB_PREEMPTED, VOLCANO_PREEMPTED, ELASTIC = "tj-preempted", "vc-preempted", "elastic"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # a TrainJob's node rank, on each pod of its Job
@@ -84,7 +86,8 @@ def sim(tmp_path_factory):
 def _nothing_left_running(sim):
     """Each test's jobs removed after it, passed or failed: the next test's gang needs the real node's CPU."""
     yield
-    jobs_removed(sim.kubectl(), NAMESPACE)
+    for namespace in (NAMESPACE, OTHER_NAMESPACE):
+        jobs_removed(sim.kubectl(), namespace)
 
 
 def _busybox_pod(name: str, image: str, script: str, labels: dict[str, str] | None = None) -> dict:
@@ -211,30 +214,32 @@ class Gangs:
     registry_prefix: str
     aws: LocalAWS
 
-    def trainer_args(self, name: str, **changes) -> TrainArgs:
-        """The template's reference trainer arguments for job ``name``, with the model and data of these tests."""
-        uri = checkpoint_uri(self.config, self.config.team(TEAM), name)
+    def trainer_args(self, name: str, team: str = TEAM, **changes) -> TrainArgs:
+        """The template's reference trainer arguments for ``team``'s job ``name``, with the model and data of these
+        tests."""
+        uri = checkpoint_uri(self.config, self.config.team(team), name)
         return trainer_args(uri, EPOCHS).model_copy(update={"model": "mlp", "dataset_size": DATASET_SIZE,
                                                             "save_every_steps": SAVE_EVERY_STEPS, **changes})
 
     def render(self, name: str, words: list[str], kind: str = "pytorchjob", cpu: str = "0.9", image: str = "",
-               log_level: str = "INFO", env: dict[str, str] | None = None, nodes: str = "2") -> str:
+               log_level: str = "INFO", env: dict[str, str] | None = None, nodes: str = "2", team: str = TEAM) -> str:
         """`gpuyard render` of the job ``name`` of ``kind`` on ``nodes`` running the command ``words`` (after `--`),
-        on the kind's image in the sim's registry unless ``image`` is given, with ``env`` (`--env`) besides the
-        bucket's."""
+        on the kind's image in the sim's registry unless ``image`` is given, with ``env`` (`--env`): no AWS settings,
+        the pods' IRSA credentials reach the sim's bucket."""
         # LOGLEVEL INFO: torchrun's agent then logs each rank's place in the rendezvous and the signals it gets
         # (torch/distributed/elastic utils/logging.py reads it; its default is WARNING)
-        env = {**self.aws.env, "AWS_DEFAULT_REGION": self.config.region, "LOGLEVEL": log_level, **(env or {})}
+        env = {"LOGLEVEL": log_level, **(env or {})}
         return subprocess.run(
-            [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", TEAM, "--kind", kind,
+            [sys.executable, "-m", "gpuyard.jobs.cli.main", "render", "--stack", STACK, "--team", team, "--kind", kind,
              "--name", name, "--nodes", nodes, "--gpus-per-node", "0", "--cpu", cpu, "--registry", self.registry_prefix,
              *(["--image", image] if image else []), *(f"--env={k}={v}" for k, v in env.items()), "--", *words],
             capture_output=True, text=True, check=True).stdout
 
     def submit(self, name: str, args: TrainArgs, kind: str = "pytorchjob", cpu: str = "0.9",
-               env: dict[str, str] | None = None, nodes: str = "2") -> float:
-        """Render the job ``name`` of ``kind`` running the reference trainer with ``args``, apply it; returns when."""
-        rendered = self.render(name, ["-m", TRAIN_MODULE, *args.to_argv()], kind, cpu, env=env, nodes=nodes)
+               env: dict[str, str] | None = None, nodes: str = "2", team: str = TEAM) -> float:
+        """Render ``team``'s job ``name`` of ``kind`` running the reference trainer with ``args``, apply it; returns
+        when."""
+        rendered = self.render(name, ["-m", TRAIN_MODULE, *args.to_argv()], kind, cpu, env=env, nodes=nodes, team=team)
         self.kubectl.run("apply", "-f", "-", stdin=rendered)
         return time.monotonic()
 
@@ -247,7 +252,7 @@ class Gangs:
 @pytest.fixture(scope="module")
 def gangs(sim, tmp_path_factory):
     config = load_stack(STACK)
-    with real_node_bucket(sim, config, tmp_path_factory.mktemp("moto")) as aws:
+    with real_node_bucket(sim, config) as aws:
         yield Gangs(sim.kubectl(), config, sim.registry().prefix(config), aws)
 
 
@@ -451,12 +456,44 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
     assert args.checkpoint_uri.startswith(
         f"s3://{gangs.config.checkpoint_bucket}/{gangs.config.team(TEAM).checkpoint_prefix}{JOB}")
     assert gangs.checkpoints(args).read(manifest_name(STEPS)).step == STEPS
+    # the pods wrote it with the team role's credentials from the sim's STS, none given them (sim/irsa.py): the
+    # token's volume and the role's variables, no keys (and the instance metadata service is closed to them)
+    role = gangs.kubectl.get("serviceaccount", gangs.config.team(TEAM).service_account, NAMESPACE)["metadata"][
+        "annotations"][irsa.ROLE_ANNOTATION]
+    for pod in pods.values():
+        env = {item["name"]: item.get("value") for item in pod["spec"]["containers"][0]["env"]}
+        assert env["AWS_ROLE_ARN"] == role and "AWS_ACCESS_KEY_ID" not in env, env
+        assert irsa.VOLUME in {volume["name"] for volume in pod["spec"]["volumes"]}
     # both ranks joined one rendezvous of two and finished (torchrun's agent logs each rank's place in the group and
     # the end of its worker); the pods left (the operator deletes one still running as the job ends) exited 0
     for name, rank in ((f"{JOB}-master-0", 0), (f"{JOB}-worker-0", 1)):
         assert f"group_rank={rank}\n" in logs[name] and "group_world_size=2\n" in logs[name], logs[name][-3000:]
         assert "worker group successfully finished" in logs[name], logs[name][-3000:]
     assert ended.pods and all(_trainer_state(pod)["terminated"]["exitCode"] == 0 for pod in ended.pods.values())
+
+
+def test_a_job_of_team_nlp_trains_to_succeeded_in_its_own_namespace_queue_role_and_prefix(gangs):
+    """The second team's PyTorchJob (as vision's above, one epoch): its namespace, its Volcano queue, its role's
+    credentials (nlp's, not vision's: sim/irsa.py per ServiceAccount), its prefix of the bucket."""
+    kubectl, team = gangs.kubectl, gangs.config.team(OTHER_TEAM)
+    args = gangs.trainer_args(JOB, team=OTHER_TEAM, total_epochs=1)
+    applied, queues = gangs.submit(JOB, args, team=OTHER_TEAM), set()
+    while (state := job_phase(kubectl.get("pytorchjob", JOB, team.namespace))) not in (*ENDED, *FAILED):
+        assert time.monotonic() < applied + JOB_TIMEOUT_SECONDS, state
+        # the job's PodGroup while it lives (the operator deletes it as the job ends)
+        queues |= {group["spec"]["queue"] for group in kubectl.items("podgroups.scheduling.volcano.sh", team.namespace)}
+        time.sleep(3)
+    pods = kubectl.items("pods", team.namespace, f"gpuyard.io/job={JOB}")
+    assert state == "Succeeded", json.dumps([pod["status"] for pod in pods])[-4000:]
+    assert queues == {team.queue}
+    assert pods and {pod["spec"]["nodeName"] for pod in pods} == {CPU_NODE}
+    role = kubectl.get("serviceaccount", team.service_account, team.namespace)["metadata"]["annotations"][
+        irsa.ROLE_ANNOTATION]
+    assert role.endswith(f"/team-{OTHER_TEAM}-irsa")
+    assert {item["value"] for pod in pods for item in pod["spec"]["containers"][0]["env"]
+            if item["name"] == "AWS_ROLE_ARN"} == {role}
+    assert args.checkpoint_uri.startswith(f"s3://{gangs.config.checkpoint_bucket}/{team.checkpoint_prefix}{JOB}")
+    assert gangs.checkpoints(args).manifests(), f"no checkpoint under {args.checkpoint_uri}"
 
 
 def test_a_rank_whose_pod_is_deleted_mid_run_stops_on_the_kubelets_sigterm_and_the_recreated_gang_resumes_bitwise(
@@ -698,10 +735,10 @@ def test_a_volcano_job_worker_pod_deleted_mid_run_stops_its_ranks_and_volcano_re
                                      reference)
 
 
-def _diverged(gangs: Gangs, name: str, kind: str, cpu: str, resource: str) -> Ended:
-    """The job ``name`` of ``kind`` with a learning rate that makes the loss non-finite, as its operator ended it;
-    a while after, no pod was made again, the state is the same and rank 0 reported the non-finite loss."""
-    applied = gangs.submit(name, gangs.trainer_args(name, lr=5.0), kind=kind, cpu=cpu)
+def _diverged(gangs: Gangs, name: str, kind: str, cpu: str, resource: str, env: dict[str, str] | None = None) -> Ended:
+    """The job ``name`` of ``kind`` (with ``env``) with a learning rate that makes the loss non-finite, as its operator
+    ended it; a while after, no pod was made again, the state is the same and rank 0 reported the non-finite loss."""
+    applied = gangs.submit(name, gangs.trainer_args(name, lr=5.0), kind=kind, cpu=cpu, env=env)
     ended = _ended(gangs.kubectl, name, applied, kind=resource)
     time.sleep(FINAL_WATCH_SECONDS)
     after = _pods(gangs.kubectl, name)
@@ -726,6 +763,44 @@ def test_a_trainer_exiting_1_fails_the_trainjob_and_jobset_never_restarts_it(gan
     for pod in _pods(gangs.kubectl, "tj-diverged").values():
         assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] == "0"
         assert _trainer_state(pod)["terminated"]["exitCode"] == 1
+
+
+# mpirun aborting on a rank's exit 1 has each orted sleep its sigkill timeout twice (the rendered 100 s: 200 s; see the
+# Volcano Job test above, which sets the same): 10 s here for CI's time, the exit codes are the same
+MPI_ABORT_FAST = {"OMPI_MCA_odls_base_sigkill_timeout": "10"}
+
+
+def _launcher(gangs: Gangs, name: str, ended: Ended) -> tuple[dict, str]:
+    """The one pod that ran mpirun for the MPIJob or Volcano Job ``name`` (its launcher, its master) and its log."""
+    launchers = [pod for pod_name, pod in ended.pods.items() if "-launcher-" in pod_name or "-mpimaster-" in pod_name]
+    assert len(launchers) == 1, sorted(ended.pods)
+    return launchers[0], gangs.kubectl.run("logs", launchers[0]["metadata"]["name"], "-n", NAMESPACE)
+
+
+def test_a_trainer_exiting_1_fails_the_mpijob_and_mpirun_is_never_run_again(gangs):
+    """Rank 0 exits 1 (non-finite loss), mpirun passes it on, the launcher's `gpuyard.jobs.workload.launch` does not
+    rerun it (1 and 2 are final) and exits 1; the launcher's Job has the rendered `runPolicy.backoffLimit` 0
+    (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go newLauncherJob: BackoffLimit from the
+    runPolicy), so no other launcher is made and the MPIJob fails."""
+    ended = _diverged(gangs, "mpi-diverged", "mpijob", "0.45", JOB_RESOURCES["MPIJob"], MPI_ABORT_FAST)
+    assert ended.state == "Failed", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    launcher, log = _launcher(gangs, "mpi-diverged", ended)
+    assert _trainer_state(launcher)["terminated"]["exitCode"] == 1 and "running it again" not in log, log[-3000:]
+    assert [name for name in _pods(gangs.kubectl, "mpi-diverged") if "-launcher-" in name] == [
+        launcher["metadata"]["name"]]
+
+
+def test_a_trainer_exiting_1_terminates_the_volcano_job_and_volcano_never_restarts_it(gangs):
+    """The same under Volcano: the master's container exits 1 and the job's `exitCode: 1` policy, TerminateJob,
+    ends it (volcano v1.14.1 pkg/controllers/job/job_controller_handler.go updatePod: the pod's first container's
+    exit code; pkg/controllers/job/job_controller_util.go applyPolicies: the first policy that matches, and the
+    rendered exit code ones come before `PodFailed`'s RestartJob): retryCount stays 0."""
+    resource = JOB_RESOURCES["Job"]
+    ended = _diverged(gangs, "vc-diverged", "volcanojob", "0.45", resource, MPI_ABORT_FAST)
+    assert ended.state == "Terminated", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    master, log = _launcher(gangs, "vc-diverged", ended)
+    assert _trainer_state(master)["terminated"]["exitCode"] == 1 and "running it again" not in log, log[-3000:]
+    assert gangs.kubectl.get(resource, "vc-diverged", NAMESPACE)["status"].get("retryCount", 0) == 0
 
 
 # A user's own script (the README's, on gpuyard's checkpoint library), as a data scientist takes it to the cluster
@@ -756,7 +831,7 @@ def own_mpi_image(sim, gangs, tmp_path_factory) -> Iterator[str]:
 
 def _submit_own(sim, gangs: Gangs, image: str, steps: int, kind: str = "pytorchjob", cpu: str = "0.9") -> str:
     """`gpuyard submit` of the user's script on their image; returns the new job's name."""
-    return submit_script(sim, gangs.config, gangs.aws, image, TEAM, kind, cpu, steps, USER_SAVE_EVERY)
+    return submit_script(sim, gangs.config, image, TEAM, kind, cpu, steps, USER_SAVE_EVERY)
 
 
 def _running_status(sim, name: str) -> dict:
