@@ -4,7 +4,8 @@ KubeRay creates the RayCluster (a head and 2 workers) on the real CPU node, wait
 creates the K8sJobMode submitter from the rendered template, which the team namespace's `restricted` Pod Security
 admits, and follows the Ray job through the head's dashboard (sim/ray_proxy.py forwards, never answers); the RayJob
 Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket. A worker
-deleted mid-run stops the trainer, which resumes bitwise; a user's own script runs unchanged as a RayJob.
+deleted mid-run stops the trainer, which resumes bitwise; one that diverges (exit 1) fails the RayJob with no
+other attempt; a user's own script runs unchanged as a RayJob.
 
 CPU-only (`--gpus-per-node 0`) on the one real node of the CPU NodePool, the machine's 2 cores: the head's 1 CPU,
 the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is on the sim's own endpoint, reached with the
@@ -45,7 +46,7 @@ pytestmark = [
 ]
 STACK = "dev"
 TEAM, NAMESPACE = "vision", "team-vision"
-JOB, PREEMPTED = "ray", "ray-preempted"
+JOB, PREEMPTED, DIVERGED = "ray", "ray-preempted", "ray-diverged"
 # 1024 steps of the mlp, a checkpoint every 64: a worker deleted after the first has its preStop hook stop the
 # trainer before the end (with 256 steps the trainer reached its end first: the hook starts Ray's client on the
 # worker's 0.25 CPU)
@@ -225,6 +226,20 @@ def test_a_ray_worker_pod_deleted_mid_run_stops_the_trainer_which_saves_and_the_
     assert len(done) == 1 and done[0]["weights_sha256"] == reference[0]["weights_sha256"]
     ours = checkpoints.read(manifest_name(STEPS)).state
     assert _differences(ours, rays.checkpoints(run.args).read(manifest_name(STEPS)).state) == []
+
+
+def test_a_trainer_exiting_1_fails_the_rayjob_and_nothing_runs_it_again(rays):
+    """A learning rate that makes the loss non-finite: the ranks exit 1, the Ray entry does not run the trainer again
+    (1 and 2 are final: gpuyard.jobs.workload.ray_entry), the Ray job fails, and with the rendered `backoffLimit` 0
+    KubeRay makes no other attempt (ray-operator v1.6.0 controllers/ray/rayjob_controller.go
+    checkBackoffLimitAndUpdateStatusIfNeeded: Retrying only while `failed` is below backoffLimit + 1)."""
+    rays.submit(DIVERGED, rays.trainer_args(DIVERGED).model_copy(update={"lr": 5.0}))
+    status = _ended(rays.kubectl, DIVERGED).status
+    assert (status.get("jobDeploymentStatus"), status.get("jobStatus")) == ("Failed", "FAILED"), json.dumps(status)
+    assert (status.get("failed"), status.get("succeeded", 0)) == (1, 0), json.dumps(status)
+    submitters = _component(_pods(rays.kubectl, DIVERGED), "submitter")
+    logs = "".join(rays.kubectl.run("logs", pod["metadata"]["name"], "-n", NAMESPACE) for pod in submitters)
+    assert _events(logs, "nonfinite") and "running the trainer again" not in logs, logs[-3000:]
 
 
 # the README's own script (tests/own_script.py): steps, a checkpoint every so many
