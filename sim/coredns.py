@@ -9,7 +9,6 @@ A ClusterIP reaches its pods through kube-proxy (sim/netpol.py); headless names 
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -45,12 +44,7 @@ def start(supervisor: Supervisor, binary: Path, folder: Path, kubeconfig: Path) 
     ready_port = free_port()
     (folder / "Corefile").write_text(corefile(kubeconfig, ready_port))
     supervisor.start(NAME, [str(binary), "-conf", str(folder / "Corefile")])
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while not _ready(ready_port):
-        supervisor.check(NAME)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"CoreDNS not ready after {READY_TIMEOUT_SECONDS}s (see {supervisor.logs})")
-        time.sleep(0.3)
+    supervisor.wait_until(NAME, lambda: _ready(ready_port), READY_TIMEOUT_SECONDS, "CoreDNS's ready endpoint")
 
 
 def _ready(port: int) -> bool:

@@ -11,6 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 PIDS = "pids.json"
 STOP_GRACE_SECONDS = 10
@@ -71,6 +72,16 @@ class Supervisor:
         if pid is None or not alive(pid) or zombie(pid):
             tail = "\n".join((self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-20:])
             raise RuntimeError(f"{name} exited; the end of {self.logs / (name + '.log')}:\n{tail}")
+
+    def wait_until(self, name: str, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``ready`` until it is true; raise if the server ``name`` exits first, or after ``timeout`` seconds
+        (``what`` did not answer)."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            self.check(name)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not answer within {timeout:.0f}s (see {self.logs / (name + '.log')})")
+            time.sleep(0.2)
 
     def stop_all(self) -> None:
         """SIGTERM every recorded process group (newest first), SIGKILL what outlives the grace period.

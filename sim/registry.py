@@ -8,7 +8,6 @@ sim's bridge address when real nodes pull from it. ``registry.json`` in the stat
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -96,12 +95,7 @@ def start(supervisor: Supervisor, binary: Path, host: str = "127.0.0.1", port: i
     # v3 exports traces through OpenTelemetry's environment; nothing here collects them
     supervisor.start(NAME, [str(binary), "serve", str(config)], env={"OTEL_TRACES_EXPORTER": "none"})
     registry = Registry(address)
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while not registry.ready():
-        supervisor.check(NAME)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the registry did not answer on {address} within {READY_TIMEOUT_SECONDS}s")
-        time.sleep(0.1)
+    supervisor.wait_until(NAME, registry.ready, READY_TIMEOUT_SECONDS, f"the registry on {address}")
     (supervisor.state / RECORD).write_text(json.dumps({"address": address}) + "\n")
     return registry
 

@@ -10,7 +10,6 @@ allow-https-egress). Plain HTTP: the pods' CA bundle is their image's, and no ce
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
@@ -36,12 +35,7 @@ def start(supervisor: Supervisor, host: str, config: StackConfig) -> str:
     """moto_server on ``host``:443 under ``supervisor`` with the stack's bucket made; returns its endpoint URL."""
     endpoint = f"http://{host}:{PORT}"
     supervisor.start(NAME, [*moto_command(), "-H", host, "-p", str(PORT)], env=CREDENTIALS)
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while not _answers(endpoint):
-        supervisor.check(NAME)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"moto_server did not answer on {endpoint} within {READY_TIMEOUT_SECONDS}s")
-        time.sleep(0.3)
+    supervisor.wait_until(NAME, lambda: _answers(endpoint), READY_TIMEOUT_SECONDS, f"moto_server on {endpoint}")
     LocalAWS(PORT, host=host).client("s3").create_bucket(Bucket=config.checkpoint_bucket,
                                                   CreateBucketConfiguration={"LocationConstraint": config.region})
     (supervisor.state / RECORD).write_text(json.dumps({"endpoint": endpoint}) + "\n")
