@@ -117,6 +117,8 @@ def status(stack: str = STACK, as_json: bool = typer.Option(False, "--json", hel
     typer.echo(f"sim {stack}: {'running' if report['running'] else 'not running'} ({report['state']})")
     if report["registry"]:
         typer.echo(f"  images: {report['registry']}")
+    if report["s3_endpoint"]:
+        typer.echo(f"  s3: {report['s3_endpoint']} (the pods' bucket, IRSA credentials)")
     if report["prometheus"]:
         typer.echo(f"  prometheus: {report['prometheus']}")
     for name, process in report["processes"].items():
