@@ -133,33 +133,42 @@ def test_job_runs_as_a_gang_then_its_operator_completes_it_once_kwok_ends_its_po
     assert any("no container ran" in line for line in said), said
 
 
-def test_an_sdk_trainjob_is_refused_in_a_team_namespace_and_one_naming_the_teams_runtime_gets_gpuyards_pods(
+def sdk_train_function():
+    """What a data scientist hands the Kubeflow SDK (its source goes into the TrainJob's command)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+
+
+def test_the_kubeflow_sdks_trainjob_on_the_teams_runtime_gets_gpuyards_pods_and_one_naming_no_kind_is_refused(
         sim, tmp_path):
-    """``TrainerClient().train(runtime=...)`` sends a TrainJob whose runtimeRef has a name and no kind (kubeflow/sdk
-    main at 020e475, kubeflow/trainer/backends/kubernetes/backend.py ``_get_trainjob_spec``, even where it found a
-    namespaced runtime), and Trainer v2.3.0 defaults the kind to ClusterTrainingRuntime
-    (pkg/apis/trainer/v1alpha1/trainjob_types.go RuntimeRef.Kind): a cluster runtime, which carries no team queue or
-    priority, so the lanes refuse it in a team namespace, as on EKS. The same job naming the team's TrainingRuntime
-    (``kind: TrainingRuntime``, as ``gpuyard render --kind trainjob`` writes it) is built by Trainer from that runtime
-    alone: gang, queue, placement, grace, do-not-disrupt, /dev/shm and the contract come from there. The env's values
+    """The Kubeflow SDK itself (kubeflow 0.5.0 from PyPI): ``TrainerClient().get_runtime("torch-distributed")`` finds
+    the team's namespaced TrainingRuntime first and ``train()`` sends ``runtimeRef`` with its kind
+    (kubeflow/trainer/backends/kubernetes/backend.py ``get_runtime``, ``_get_trainjob_spec``: ``kind=runtime.kind``),
+    so Trainer v2.3.0 builds the job from that runtime alone: gang, queue, placement, grace, do-not-disrupt, /dev/shm
+    and the contract come from there. A TrainJob naming no kind (what the SDK sent before 0.5: kubeflow/sdk at
+    020e475) gets Trainer's default, ClusterTrainingRuntime (pkg/apis/trainer/v1alpha1/trainjob_types.go
+    RuntimeRef.Kind), which carries no team queue or priority: the lanes refuse it, as on EKS. The env's values
     resolve in a kubelet (the JobSet label, ``$(VAR)``); kwok runs no container, so the pod spec and the label the
     value comes from are checked, not a process's environment."""
+    from kubeflow.common.types import KubernetesBackendConfig
+    from kubeflow.trainer import CustomTrainer, RuntimeKind, TrainerClient
+
     team = CONFIG.team("vision")
-    sdk_job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-               "metadata": {"name": "vision-sdk", "namespace": team.namespace},
-               "spec": {"runtimeRef": {"name": "torch-distributed"},
-                        "trainer": {"numNodes": 1, "command": ["torchrun", "train.py"],
-                                    "resourcesPerNode": {"limits": {GPU_RESOURCE: "1"}}}}}
+    client = TrainerClient(KubernetesBackendConfig(namespace=team.namespace, config_file=str(sim.kubeconfig)))
+    runtime = client.get_runtime("torch-distributed")
+    assert runtime.kind == RuntimeKind.TRAINING_RUNTIME
+    name = client.train(runtime=runtime, trainer=CustomTrainer(func=sdk_train_function, num_nodes=1,
+                                                               resources_per_node={"gpu": 1}))
+    sent = sim.kubectl().get("trainjob", name, team.namespace)
+    assert sent["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                          "name": "torch-distributed"}
     path = tmp_path / "sdk.yaml"
-    path.write_text(yaml.safe_dump(sdk_job))
-    with pytest.raises(SubmitFailed, match="team-runtime: spec.runtimeRef must name this namespace's TrainingRuntime"):
-        submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
-    sdk_job["spec"]["runtimeRef"]["kind"] = "TrainingRuntime"
-    path.write_text(yaml.safe_dump(sdk_job))
-    [job] = submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
+    path.write_text(yaml.safe_dump(sent))
+    [job] = submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED), apply=False)
     assert {queue for queue, _ in job.podgroups.values()} == {team.queue}
     [pod] = [pod for pod in sim.kubectl().items("pods", namespace=team.namespace)
-             if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == "vision-sdk"]
+             if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
     spec = pod["spec"]
     assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     assert spec["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-on-demand", "karpenter.sh/capacity-type": "on-demand"}
@@ -170,7 +179,13 @@ def test_an_sdk_trainjob_is_refused_in_a_team_namespace_and_one_naming_the_teams
                                                     "fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}}
     assert env["GPUYARD_CHECKPOINT_URI"] == f"s3://{CONFIG.checkpoint_bucket}/{team.checkpoint_prefix}$(GPUYARD_JOB_NAME)"
     assert (env["GPUYARD_TEAM"], env["NCCL_DEBUG"], env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == ("vision", "WARN", "300")
-    sim.kubectl().run("delete", "-f", str(path), "--wait=false")
+    client.delete_job(name)
+    no_kind = {"apiVersion": sent["apiVersion"], "kind": sent["kind"],
+               "metadata": {"name": "vision-sdk-no-kind", "namespace": team.namespace},
+               "spec": {**sent["spec"], "runtimeRef": {"name": "torch-distributed"}}}
+    path.write_text(yaml.safe_dump(no_kind))
+    with pytest.raises(SubmitFailed, match="team-runtime: spec.runtimeRef must name this namespace's TrainingRuntime"):
+        submit(sim, [path], 180, print, until=("running", KWOK_COMPLETED))
 
 
 def test_a_rayjobs_submitter_pod_is_admitted_and_scheduled_as_a_team_pod(sim, tmp_path):
