@@ -23,18 +23,20 @@ def objects():
 def test_each_team_service_account_gets_a_policy_with_its_role_namespace_and_name(objects):
     config = load_stack("dev")
     policies = irsa.policies(objects, config.region, ENDPOINT)
-    assert [p["kind"] for p in policies] == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] * len(
-        config.teams)
+    kinds = [p["kind"] for p in policies]
+    assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] * len(config.teams), kinds
     roles = {(o["metadata"]["namespace"], o["metadata"]["name"]): o["metadata"]["annotations"][irsa.ROLE_ANNOTATION]
-             for o in objects if o["kind"] == "ServiceAccount"}
-    for team, policy in zip(config.teams, policies[::2]):
-        spec = policy["spec"]
-        assert spec["matchConstraints"]["namespaceSelector"] == {
-            "matchLabels": {"kubernetes.io/metadata.name": team.namespace}}
+             for o in objects if o["kind"] == "ServiceAccount" and irsa.ROLE_ANNOTATION in o["metadata"].get(
+                 "annotations", {})}
+    by_namespace = {p["spec"]["matchConstraints"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]: p
+                    for p in policies[::2]}
+    assert sorted(by_namespace) == sorted(team.namespace for team in config.teams), sorted(by_namespace)
+    for team in config.teams:
+        spec = by_namespace[team.namespace]["spec"]
         assert f"== '{team.service_account}'" in spec["matchConditions"][0]["expression"]
         applied = spec["mutations"][1]["applyConfiguration"]["expression"]
         role = roles[(team.namespace, team.service_account)]
-        assert f'"value": "{role}"' in applied and f'"value": "{ENDPOINT}"' in applied
+        assert f'"value": "{role}"' in applied and f'"value": "{ENDPOINT}"' in applied, (role, applied)
 
 
 def test_the_variables_are_the_pod_identity_webhooks_and_the_sims_endpoint():
