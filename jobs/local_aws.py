@@ -79,16 +79,22 @@ class LocalAWS:
             self.stop()
             raise
 
+    def answers(self) -> bool:
+        """Whether a moto_server answers at the endpoint (this one or one another process started)."""
+        try:
+            urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
+            return True
+        except OSError:
+            return False
+
     def _wait_ready(self, timeout: float) -> "LocalAWS":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"moto_server exited with {self._process.returncode} on port {self.port}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
+            if self.answers():
                 return self
-            except OSError:
-                time.sleep(0.1)
+            time.sleep(0.1)
         raise RuntimeError(f"moto_server did not answer on {self.endpoint_url} within {timeout:.0f}s")
 
     def stop(self) -> None:

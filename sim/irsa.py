@@ -11,7 +11,7 @@ at ``/var/run/secrets/eks.amazonaws.com/serviceaccount``. The one addition, whic
 ``AWS_ENDPOINT_URL``, the sim's endpoint (boto3 sends STS and S3 there). As the webhook, a variable the pod already
 sets is left as it is (the webhook decides per group of variables, this per variable). moto does not check the token,
 the role's trust policy or the role's S3 policy: what the team's role may do is tested against the plan
-(tests/test_infra_tenancy.py), not here.
+(tests/test_infra_specs.py), not here.
 
 The policies are beta in Kubernetes 1.35 (``MutatingAdmissionPolicy`` feature gate, ``admissionregistration.k8s.io/
 v1beta1``), which the sim's API server turns on (sim/controlplane.py); EKS runs the webhook instead.

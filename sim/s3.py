@@ -10,7 +10,6 @@ allow-https-egress). Plain HTTP: the pods' CA bundle is their image's, and no ce
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 from gpuyard.infra.config import StackConfig
@@ -23,23 +22,15 @@ RECORD = "s3.json"
 READY_TIMEOUT_SECONDS = 60
 
 
-def _answers(endpoint: str) -> bool:
-    try:
-        urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
 def start(supervisor: Supervisor, host: str, config: StackConfig) -> str:
     """moto_server on ``host``:443 under ``supervisor`` with the stack's bucket made; returns its endpoint URL."""
-    endpoint = f"http://{host}:{PORT}"
+    aws = LocalAWS(PORT, host=host)  # the server is the supervisor's; this only speaks to it
     supervisor.start(NAME, [*moto_command(), "-H", host, "-p", str(PORT)], env=CREDENTIALS)
-    supervisor.wait_until(NAME, lambda: _answers(endpoint), READY_TIMEOUT_SECONDS, f"moto_server on {endpoint}")
-    LocalAWS(PORT, host=host).client("s3").create_bucket(Bucket=config.checkpoint_bucket,
-                                                  CreateBucketConfiguration={"LocationConstraint": config.region})
-    (supervisor.state / RECORD).write_text(json.dumps({"endpoint": endpoint}) + "\n")
-    return endpoint
+    supervisor.wait_until(NAME, aws.answers, READY_TIMEOUT_SECONDS, f"moto_server on {aws.endpoint_url}")
+    aws.client("s3").create_bucket(Bucket=config.checkpoint_bucket,
+                                   CreateBucketConfiguration={"LocationConstraint": config.region})
+    (supervisor.state / RECORD).write_text(json.dumps({"endpoint": aws.endpoint_url}) + "\n")
+    return aws.endpoint_url
 
 
 def recorded(state: Path) -> str | None:

@@ -440,6 +440,12 @@ def reference(gangs, tmp_path_factory) -> Reference:
     return Reference(running, init_log, _read(logs), ended)
 
 
+def _team_role(kubectl, team: Team) -> str:
+    """The IAM role the team's ServiceAccount names (infra/tenancy.py), which IRSA gives its pods."""
+    account = kubectl.get("serviceaccount", team.service_account, team.namespace)
+    return account["metadata"]["annotations"][irsa.ROLE_ANNOTATION]
+
+
 def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_finding_its_master_through_dns(
         gangs, reference):
     pods, logs, ended = reference.running, reference.logs, reference.ended
@@ -458,8 +464,7 @@ def test_a_rendered_two_rank_pytorchjob_trains_to_succeeded_on_a_real_node_findi
     assert gangs.checkpoints(args).read(manifest_name(STEPS)).step == STEPS
     # the pods wrote it with the team role's credentials from the sim's STS, none given them (sim/irsa.py): the
     # token's volume and the role's variables, no keys (and the instance metadata service is closed to them)
-    role = gangs.kubectl.get("serviceaccount", gangs.config.team(TEAM).service_account, NAMESPACE)["metadata"][
-        "annotations"][irsa.ROLE_ANNOTATION]
+    role = _team_role(gangs.kubectl, gangs.config.team(TEAM))
     for pod in pods.values():
         env = {item["name"]: item.get("value") for item in pod["spec"]["containers"][0]["env"]}
         assert env["AWS_ROLE_ARN"] == role and "AWS_ACCESS_KEY_ID" not in env, env
@@ -487,8 +492,7 @@ def test_a_job_of_team_nlp_trains_to_succeeded_in_its_own_namespace_queue_role_a
     assert state == "Succeeded", json.dumps([pod["status"] for pod in pods])[-4000:]
     assert queues == {team.queue}
     assert pods and {pod["spec"]["nodeName"] for pod in pods} == {CPU_NODE}
-    role = kubectl.get("serviceaccount", team.service_account, team.namespace)["metadata"]["annotations"][
-        irsa.ROLE_ANNOTATION]
+    role = _team_role(kubectl, team)
     assert role.endswith(f"/team-{OTHER_TEAM}-irsa")
     assert {item["value"] for pod in pods for item in pod["spec"]["containers"][0]["env"]
             if item["name"] == "AWS_ROLE_ARN"} == {role}

@@ -26,7 +26,6 @@ import pytest
 
 from gpuyard.infra.config import StackConfig, load_stack
 from gpuyard.infra.tenancy import PSS_LABEL
-from gpuyard.jobs.local_aws import LocalAWS
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
 from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
@@ -64,7 +63,6 @@ class Rays:
     kubectl: Kubectl
     config: StackConfig
     registry_prefix: str
-    aws: LocalAWS
 
     def trainer_args(self, name: str) -> TrainArgs:
         uri = checkpoint_uri(self.config, self.config.team(TEAM), name)
@@ -90,8 +88,8 @@ class Rays:
 def rays(tmp_path_factory) -> Iterator[Rays]:
     config = load_stack(STACK)
     with (running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as sim,
-          real_node_bucket(sim, config) as aws):
-        yield Rays(sim, sim.kubectl(), config, sim.registry().prefix(config), aws)
+          real_node_bucket(sim, config)):
+        yield Rays(sim, sim.kubectl(), config, sim.registry().prefix(config))
 
 
 @pytest.fixture(autouse=True)
