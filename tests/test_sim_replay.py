@@ -60,10 +60,11 @@ def test_a_weight_change_moves_the_waits_the_way_the_weights_say(tmp_path):
     for report in reports.values():
         assert report["admitted"] == 2 * BURST, report
     before, after = reports["before"]["teams"], reports["after"]["teams"]
+    # Within one stack's run, against arrival order (vision's gang arrives first each half second) in the second.
+    # Not across runs: each stack gets a fresh cluster whose Karpenter nodes come up at the load's pace; one CI run
+    # measured both teams' mean waits summing to 42 s on one cluster and 20 s on the other, vision's 12 s on both.
     assert before["vision"]["wait_mean_s"] < before["nlp"]["wait_mean_s"]
     assert after["nlp"]["wait_mean_s"] < after["vision"]["wait_mean_s"]
-    assert after["vision"]["wait_mean_s"] > before["vision"]["wait_mean_s"]
-    assert after["nlp"]["wait_mean_s"] < before["nlp"]["wait_mean_s"]
 
 
 @pytest.fixture(scope="module")
