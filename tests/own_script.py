@@ -33,11 +33,13 @@ def user_lines(text: str) -> list[dict]:
 
 
 def submit_script(sim: Sim, config: StackConfig, image: str, team: str, kind: str, cpu: str, steps: int,
-                  save_every: int) -> str:
-    """`gpuyard submit --kind KIND` of the script on its image (no --name: a new name), CPU-only, nothing else given:
-    its pods reach the sim's bucket with the team's IRSA credentials; returns the job's name."""
+                  save_every: int, env: list[str] = ()) -> str:
+    """`gpuyard submit --kind KIND` of the script on its image (no --name: a new name), CPU-only, with ``env``
+    (KEY=VALUE) and nothing else: its pods reach the sim's bucket with the team's IRSA credentials; returns the
+    job's name."""
     result = gpuyard(sim, "submit", "--stack", config.stack, "--team", team, "--kind", kind, "--gpus-per-node", "0",
-                     "--cpu", cpu, "--image", image, "--", "train.py", str(steps), str(save_every))
+                     "--cpu", cpu, "--image", image, *(f"--env={pair}" for pair in env), "--", "train.py", str(steps),
+                     str(save_every))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 

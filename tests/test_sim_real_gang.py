@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -850,109 +850,171 @@ def _running_status(sim, name: str) -> dict:
         time.sleep(2)
 
 
-def _first_manifest(gangs: Gangs, name: str) -> None:
+def _first_manifest(gangs: Gangs, name: str, kind: str = "pytorchjob") -> None:
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
     while not _manifest_steps(gangs, name):
-        assert time.monotonic() < deadline and _job_state(gangs.kubectl, name) != "Succeeded", "no first checkpoint"
+        assert time.monotonic() < deadline and _job_state(gangs.kubectl, name, kind) not in ENDED, "no first checkpoint"
         time.sleep(1)
 
 
 def test_a_users_own_script_in_its_own_image_is_submitted_followed_preempted_resumed_and_cancelled(
-        sim, gangs, own_image, tmp_path):
+        sim, gangs, own_image, own_here, tmp_path):
     """Issue 25's path on real nodes: the user's script (not the reference trainer) built into an image with
     `gpuyard images build --context`, submitted with `gpuyard submit`, followed with `gpuyard status` and `gpuyard
     logs --rank`; its worker's pod deleted mid-run, it stops where both ranks agree, saves, and the recreated gang
     resumes there and ends with the weights of the same script run here never stopped; a second job is cancelled
     with `gpuyard cancel`, its stop saved in the grace period, every pod gone."""
     kubectl = gangs.kubectl
-    with run_here(tmp_path, tmp_path / "here.log", USER_STEPS, USER_SAVE_EVERY) as here:  # the uninterrupted run, beside the cluster's
-        name = _submit_own(sim, gangs, own_image, USER_STEPS)
-        assert name.startswith(f"{TEAM}-pytorchjob-"), name
-        master, worker = f"{name}-master-0", f"{name}-worker-0"
-        first = _running(kubectl, name, [master, worker])
-        status = _running_status(sim, name)
-        assert (status["queue"], status["pods"], status["bound"], status["gang"]["min_member"]) == (TEAM, 2, 2, 2)
-        with _followed_to_the_end(kubectl, [master, worker], tmp_path, "first") as first_logs:
-            _first_manifest(gangs, name)
-            _delete_pod(kubectl, worker)
-        stopped = user_lines("\n".join(_read(first_logs).values()))
-        at = stopped[0]["step"]
-        assert [(line["rank"], line["step"], line["exit"]) for line in stopped] == [(0, at, 143), (1, at, 143)]
-        assert USER_SAVE_EVERY <= at < USER_STEPS and _manifest_steps(gangs, name)[-1] == at
-        _running(kubectl, name, [master, worker], replacing=first)  # the operator made the gang again
-        # rank 1 followed (`logs -f`): once the master's pod succeeds the job does, and the operator deletes a pod
-        # still running (cleanPodPolicy Running), logs and all; the master's pod stays, read after the end
-        followed = subprocess.Popen(
-            [sys.executable, "-m", "gpuyard.jobs.cli.main", "logs", name, "--team", TEAM, "--rank", "1", "-f"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
-        ended = _ended(kubectl, name, time.monotonic())
-        assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
-        resumed = [user_lines(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", "0").stdout),
-                   user_lines(followed.communicate(timeout=POD_TIMEOUT_SECONDS)[0])]
-        assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
-                for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
-        # the operator's restart counts, though no container restarted in place (its pods were made again)
-        restarted = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
-        assert restarted["restarts"] >= 1, restarted
-        assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (tmp_path / "here.log").read_text()[-3000:]
-    uninterrupted = user_lines((tmp_path / "here.log").read_text())
-    assert {line["weights_sha256"] for lines in resumed for line in lines} == {uninterrupted[0]["weights_sha256"]}
+    name = _submit_own(sim, gangs, own_image, USER_STEPS)
+    assert name.startswith(f"{TEAM}-pytorchjob-"), name
+    master, worker = f"{name}-master-0", f"{name}-worker-0"
+    first = _running(kubectl, name, [master, worker])
+    status = _running_status(sim, name)
+    assert (status["queue"], status["pods"], status["bound"], status["gang"]["min_member"]) == (TEAM, 2, 2, 2)
+    with _followed_to_the_end(kubectl, [master, worker], tmp_path, "first") as first_logs:
+        _first_manifest(gangs, name)
+        _delete_pod(kubectl, worker)
+    stopped = user_lines("\n".join(_read(first_logs).values()))
+    at = stopped[0]["step"]
+    assert [(line["rank"], line["step"], line["exit"]) for line in stopped] == [(0, at, 143), (1, at, 143)]
+    assert USER_SAVE_EVERY <= at < USER_STEPS and _manifest_steps(gangs, name)[-1] == at
+    _running(kubectl, name, [master, worker], replacing=first)  # the operator made the gang again
+    # rank 1 followed (`logs -f`): once the master's pod succeeds the job does, and the operator deletes a pod
+    # still running (cleanPodPolicy Running), logs and all; the master's pod stays, read after the end
+    followed = subprocess.Popen(
+        [sys.executable, "-m", "gpuyard.jobs.cli.main", "logs", name, "--team", TEAM, "--rank", "1", "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "KUBECONFIG": str(sim.kubeconfig)})
+    ended = _ended(kubectl, name, time.monotonic())
+    assert ended.state == "Succeeded", json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
+    resumed = [user_lines(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", "0").stdout),
+               user_lines(followed.communicate(timeout=POD_TIMEOUT_SECONDS)[0])]
+    assert [[(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines]
+            for lines in resumed] == [[(0, USER_STEPS, 0, at)], [(1, USER_STEPS, 0, at)]], resumed
+    # the operator's restart counts, though no container restarted in place (its pods were made again)
+    restarted = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+    assert restarted["restarts"] >= 1, restarted
+    assert {line["weights_sha256"] for lines in resumed for line in lines} == {own_here()}
 
     cancelled = _submit_own(sim, gangs, own_image, USER_STEPS * 100)
     pods = [f"{cancelled}-master-0", f"{cancelled}-worker-0"]
     _running(kubectl, cancelled, pods)
-    with _followed_to_the_end(kubectl, pods, tmp_path, "cancelled") as logs:
-        _first_manifest(gangs, cancelled)
-        result = gpuyard(sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
-    assert result.returncode == 0 and result.stdout.strip() == f"{cancelled}: cancelled, every pod gone", result.stderr
-    assert not _pods(kubectl, cancelled) and cancelled not in gpuyard(sim, "list", "--team", TEAM).stdout
+    _cancelled_once_it_checkpointed(sim, gangs, cancelled, pods, tmp_path)
+
+
+def _cancelled_once_it_checkpointed(sim, gangs: Gangs, name: str, pods: list[str], tmp_path: Path,
+                                    kind: str = "pytorchjob") -> None:
+    """`gpuyard cancel --wait` of the running job ``name`` of ``kind`` after its first checkpoint: every pod gone,
+    the job no longer listed, and ``pods``' logs show the ranks' stop at one step, saved in the grace period."""
+    with _followed_to_the_end(gangs.kubectl, pods, tmp_path, "cancelled") as logs:
+        _first_manifest(gangs, name, kind)
+        result = gpuyard(sim, "cancel", name, "--team", TEAM, "--wait", "300")
+    assert result.returncode == 0 and result.stdout.strip() == f"{name}: cancelled, every pod gone", result.stderr
+    assert not _pods(gangs.kubectl, name) and name not in gpuyard(sim, "list", "--team", TEAM).stdout
     stopped = user_lines("\n".join(_read(logs).values()))
     assert {(line["step"], line["exit"]) for line in stopped} == {(stopped[0]["step"], 143)}, stopped
-    assert _manifest_steps(gangs, cancelled)[-1] == stopped[0]["step"]  # the stop's checkpoint, saved in the grace
-
-
-# each kind's image, the CPU of its pods on the real node's 2 cores (an MPI launcher asks 1), its resource
-OTHER_KINDS = {"trainjob": ("own_image", "0.9", JOB_RESOURCES["TrainJob"]),
-               "mpijob": ("own_mpi_image", "0.45", JOB_RESOURCES["MPIJob"]),
-               "volcanojob": ("own_mpi_image", "0.45", JOB_RESOURCES["Job"])}
-SHORT_STEPS = 600
+    assert _manifest_steps(gangs, name)[-1] == stopped[0]["step"]  # the stop's checkpoint, saved in the grace
 
 
 @pytest.fixture(scope="module")
-def short_here(tmp_path_factory) -> dict:
-    """The user's script run here for ``SHORT_STEPS`` (2 ranks under torchrun): rank 0's line."""
-    folder = tmp_path_factory.mktemp("short")
-    with run_here(folder, folder / "here.log", SHORT_STEPS, USER_SAVE_EVERY) as here:
-        assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (folder / "here.log").read_text()[-3000:]
-    return user_lines((folder / "here.log").read_text())[0]
+def own_here(tmp_path_factory) -> Iterator[Callable[[], str]]:
+    """The user's script run here for ``USER_STEPS`` (2 ranks under torchrun), started once beside the cluster's
+    runs: a call waits for it and returns its final weights' digest."""
+    folder = tmp_path_factory.mktemp("here")
+    with run_here(folder, folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here:
+        def weights() -> str:
+            assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (folder / "here.log").read_text()[-3000:]
+            return user_lines((folder / "here.log").read_text())[0]["weights_sha256"]
+        yield weights
 
 
-@pytest.mark.parametrize("kind", OTHER_KINDS)
-def test_a_users_own_script_runs_unchanged_as_each_other_kind_and_its_ranks_lines_are_in_gpuyard_logs(
-        sim, gangs, short_here, kind, request):
-    """The same script, submitted with `gpuyard submit --kind KIND` on the image of its kind (torchrun's for TrainJob,
-    mpirun's for MPIJob and Volcano Job), trains on the real node to the end with the weights of the run here: the
-    library takes the ranks whichever launcher gave them. `gpuyard status` says how it ended, with no restart;
-    `gpuyard logs` has both ranks' lines (the launcher's pod for the MPI kinds, each node's with --rank for TrainJob).
-    Preemption and cancel of a user's script are the PyTorchJob's test above; every kind's preemption the reference
-    trainer's (the same library)."""
-    fixture, cpu, resource = OTHER_KINDS[kind]
-    name = _submit_own(sim, gangs, request.getfixturevalue(fixture), SHORT_STEPS, kind=kind, cpu=cpu)
-    assert name.startswith(f"{TEAM}-{kind}-"), name
-    ended = _ended(gangs.kubectl, name, time.monotonic(), kind=resource)
+@dataclass(frozen=True)
+class OwnKind:
+    """How the user's script runs as one kind on the real node's 2 cores."""
+    image: str  # the fixture of its image
+    cpu: str  # of each pod (an MPI launcher or master asks 1 more)
+    pods: int  # once it runs: the gang, and an MPIJob's launcher
+    preempted: str  # the pod deleted mid-run (a TrainJob's: rank 1's, named at random)
+    remade: str  # "one": the operator makes the deleted pod again; "all": every pod
+    restarts: int  # what `gpuyard status` counts after the preemption (jobs/cli/cluster.py Cluster.restarts)
+
+
+OWN_KINDS = {"trainjob": OwnKind("own_image", "0.9", 2, "rank 1", "all", 1),
+             # the launcher reruns mpirun in its pod: in its log, not in the MPIJob's status
+             "mpijob": OwnKind("own_mpi_image", "0.45", 3, "worker-1", "one", 0),
+             "volcanojob": OwnKind("own_mpi_image", "0.45", 3, "mpiworker-1", "all", 1)}
+
+
+def _own_running(kubectl, name: str, kind: OwnKind, replacing: set[str] = frozenset()) -> dict[str, dict]:
+    """The job's pods, by name, once the container runs in ``kind.pods`` of them, none of them a pod whose UID is
+    in ``replacing``."""
+    deadline = time.monotonic() + POD_TIMEOUT_SECONDS
+    while True:
+        found = _pods(kubectl, name)
+        running = {pod: found[pod] for pod in found
+                   if "running" in _trainer_state(found[pod]) and found[pod]["metadata"]["uid"] not in replacing}
+        if len(running) == kind.pods:
+            return running
+        assert time.monotonic() < deadline, json.dumps({p: v["status"] for p, v in found.items()})[-3000:]
+        time.sleep(1)
+
+
+def _preempted(name: str, kind: OwnKind, pods: dict[str, dict]) -> str:
+    if kind.preempted == "rank 1":
+        return next(pod for pod, body in pods.items() if body["metadata"]["annotations"].get(COMPLETION_INDEX) == "1")
+    return f"{name}-{kind.preempted}"
+
+
+@pytest.mark.parametrize("kind_name", OWN_KINDS)
+def test_a_users_own_script_as_each_other_kind_is_followed_preempted_resumed_to_the_same_bits_and_cancelled(
+        sim, gangs, own_here, kind_name, request, tmp_path):
+    """The PyTorchJob's path above for each other kind: the same script, submitted with `gpuyard submit --kind KIND`
+    on the image of its kind (torchrun's for TrainJob, mpirun's for MPIJob and Volcano Job), one worker's pod deleted
+    after the first checkpoint. The ranks agree the stop after the same step, rank 0 saves, both exit 143 and the
+    kind's operator (or the MPIJob's launcher) runs them again from there, to the weights of the script run here
+    never stopped: the library takes the ranks whichever launcher gave them. `gpuyard status` says how it ended and
+    counts what the kind counts as a restart; `gpuyard logs` has both ranks' lines (the launcher's or master's pod for
+    the MPI kinds, each node's with --rank for TrainJob). A second job is cancelled with `gpuyard cancel` once it
+    checkpointed: every pod gone, its ranks' stop saved. The MPI kinds' Open MPI waits are cut to 10 s
+    (``MPI_ABORT_FAST``), as in the reference trainer's tests."""
+    kind, kubectl = OWN_KINDS[kind_name], gangs.kubectl
+    resource = JOB_RESOURCES[{"trainjob": "TrainJob", "mpijob": "MPIJob", "volcanojob": "Job"}[kind_name]]
+    image = request.getfixturevalue(kind.image)
+    env = [] if kind_name == "trainjob" else [f"{key}={value}" for key, value in MPI_ABORT_FAST.items()]
+
+    name = submit_script(sim, gangs.config, image, TEAM, kind_name, kind.cpu, USER_STEPS, USER_SAVE_EVERY, env)
+    assert name.startswith(f"{TEAM}-{kind_name}-"), name
+    first = _own_running(kubectl, name, kind)
+    deleted = _preempted(name, kind, first)
+    # the pods the preemption ends, followed to their end: an MPIJob's launcher and other worker run on (the
+    # launcher's log, mpirun's reruns included, is read at the end)
+    ending = [pod for pod in first if kind.remade == "all" or pod == deleted]
+    with _followed_to_the_end(kubectl, ending, tmp_path, "first") as first_logs:
+        _first_manifest(gangs, name, resource)
+        _delete_pod(kubectl, deleted)
+    remade = {first[pod]["metadata"]["uid"] for pod in ending}
+    _own_running(kubectl, name, kind, remade)
+    ended = _ended(kubectl, name, time.monotonic(), kind=resource)
     assert ended.state in ENDED, json.dumps({n: p["status"] for n, p in ended.pods.items()})[-4000:]
     status = json.loads(gpuyard(sim, "status", name, "--team", TEAM, "--json").stdout)[0]
-    assert (status["phase"], status["restarts"]) == (ended.state, 0), status
-    if kind == "trainjob":
-        lines = [line for rank in ("0", "1")
-                 for line in user_lines(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", rank).stdout)]
+    assert (status["phase"], status["restarts"]) == (ended.state, kind.restarts), status
+    if kind_name == "trainjob":
+        logs = "\n".join(gpuyard(sim, "logs", name, "--team", TEAM, "--rank", rank).stdout for rank in ("0", "1"))
     else:
-        lines = user_lines(gpuyard(sim, "logs", name, "--team", TEAM).stdout)
-    assert [(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines] == [
-        (0, SHORT_STEPS, 0, None), (1, SHORT_STEPS, 0, None)], lines
-    assert {line["weights_sha256"] for line in lines} == {short_here["weights_sha256"]}
-    assert _manifest_steps(gangs, name)[-1] == SHORT_STEPS
+        logs = gpuyard(sim, "logs", name, "--team", TEAM).stdout
+    lines = user_lines("\n".join([*_read(first_logs).values(), logs]))
+    stopped, resumed = [line for line in lines if line["exit"] == 143], [line for line in lines if line["exit"] == 0]
+    at = stopped[0]["step"] if stopped else None
+    assert [(line["rank"], line["step"]) for line in stopped] == [(0, at), (1, at)], lines
+    assert at is not None and USER_SAVE_EVERY <= at < USER_STEPS
+    assert [(line["rank"], line["step"], line["resumed_from"]) for line in resumed] == [
+        (0, USER_STEPS, at), (1, USER_STEPS, at)], lines
+    assert {line["weights_sha256"] for line in resumed} == {own_here()}
+
+    cancelled = submit_script(sim, gangs.config, image, TEAM, kind_name, kind.cpu, USER_STEPS * 100,
+                              USER_SAVE_EVERY, env)
+    _cancelled_once_it_checkpointed(sim, gangs, cancelled, list(_own_running(kubectl, cancelled, kind)), tmp_path,
+                                    resource)
 
 
 def test_sim_submit_on_real_nodes_exits_0_only_once_the_jobs_containers_succeeded_else_says_what_the_kubelet_saw(

@@ -241,28 +241,62 @@ def test_a_trainer_exiting_1_fails_the_rayjob_and_nothing_runs_it_again(rays):
 
 
 # the README's own script (tests/own_script.py): steps, a checkpoint every so many
-USER_STEPS, USER_SAVE_EVERY = 600, 200
+USER_STEPS, USER_SAVE_EVERY = 3000, 200
 
 
-def test_a_users_own_script_runs_unchanged_as_a_rayjob_and_its_ranks_lines_are_in_gpuyard_logs(rays, tmp_path_factory):
+def _manifest_steps(rays: Rays, name: str) -> list[int]:
+    """The steps of the checkpoints the job ``name`` published in its folder of the team's prefix."""
+    return [step_of(manifest) for manifest in Checkpointer(
+        open_storage(checkpoint_uri(rays.config, rays.config.team(TEAM), name)), {}).manifests()]
+
+
+def test_a_users_own_script_as_a_rayjob_is_followed_preempted_resumed_to_the_same_bits_and_cancelled(
+        rays, tmp_path_factory):
     """The user's script built on the rayjob image (`gpuyard images build --context --kind rayjob`) and submitted with
-    `gpuyard submit --kind rayjob`: the Ray entry runs it on each of the 2 Ray Train workers, which train it to the
-    end with the weights of the same script run here under torchrun; `gpuyard status` says it ended with no
-    restart, `gpuyard logs` (the submitter's, the driver's output) has both ranks' lines."""
+    `gpuyard submit --kind rayjob`: the Ray entry runs it as a child of each of the 2 Ray Train workers. One worker's
+    pod deleted after the first checkpoint: its preStop hook sets the stop flag, each worker passes SIGTERM to its
+    script, the ranks agree the stop, rank 0 saves, both exit 143 and the driver runs the script again, which resumes
+    there and ends with the weights of the same script run here under torchrun, never stopped. `gpuyard status`
+    says it ended (KubeRay counts no failure: the rerun is the driver's), `gpuyard logs` (the submitter's, the
+    driver's output) has both ranks' lines of both runs. A second job is cancelled with `gpuyard cancel` once it
+    checkpointed: every pod gone. (Its stop's lines are not asserted: the driver's output reaches a user through the
+    submitter's `ray job logs --follow`, whose pod the cancel deletes with the rest.)"""
     here_folder = tmp_path_factory.mktemp("here")
     with (script_image(rays.sim, rays.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "rayjob") as image,
           run_here(here_folder, here_folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here):
-        name = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS,
-                             USER_SAVE_EVERY)
+        name = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS, USER_SAVE_EVERY)
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not _manifest_steps(rays, name):
+            status = rays.kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
+            assert time.monotonic() < deadline and status.get("jobDeploymentStatus") != "Complete", status
+            time.sleep(1)
+        worker = sorted(p["metadata"]["name"] for p in _component(_pods(rays.kubectl, name), "worker"))[0]
+        rays.kubectl.run("delete", "pod", worker, "-n", NAMESPACE, "--wait=false")
         ended = _ended(rays.kubectl, name)
         assert here.wait(timeout=JOB_TIMEOUT_SECONDS) == 0, (here_folder / "here.log").read_text()[-3000:]
-    logs = gpuyard(rays.sim, "logs", name, "--team", TEAM).stdout
-    assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
-        json.dumps(ended.status), logs[-3000:])
-    status = json.loads(gpuyard(rays.sim, "status", name, "--team", TEAM, "--json").stdout)[0]
-    assert status["restarts"] == 0, status
-    lines = user_lines(logs)
-    assert [(line["rank"], line["step"], line["exit"], line["resumed_from"]) for line in lines] == [
-        (0, USER_STEPS, 0, None), (1, USER_STEPS, 0, None)], logs[-3000:]
-    here_lines = user_lines((here_folder / "here.log").read_text())
-    assert {line["weights_sha256"] for line in lines} == {here_lines[0]["weights_sha256"]}
+        logs = gpuyard(rays.sim, "logs", name, "--team", TEAM).stdout
+        assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+            json.dumps(ended.status), logs[-3000:])
+        assert len(_component(ended.pods, "worker")) == WORKERS + 1, sorted(ended.pods)  # the deleted one made again
+        status = json.loads(gpuyard(rays.sim, "status", name, "--team", TEAM, "--json").stdout)[0]
+        assert (status["phase"], status["restarts"]) == ("SUCCEEDED", 0), status
+        lines = user_lines(logs)
+        stopped, resumed = [line for line in lines if line["exit"] == 143], [line for line in lines if line["exit"] == 0]
+        at = stopped[0]["step"] if stopped else None
+        assert [(line["rank"], line["step"]) for line in stopped] == [(0, at), (1, at)], logs[-3000:]
+        assert at is not None and USER_SAVE_EVERY <= at < USER_STEPS
+        assert "ray_entry: running the trainer again (1 of" in logs, logs[-3000:]
+        assert [(line["rank"], line["step"], line["resumed_from"]) for line in resumed] == [
+            (0, USER_STEPS, at), (1, USER_STEPS, at)], logs[-3000:]
+        here_lines = user_lines((here_folder / "here.log").read_text())
+        assert {line["weights_sha256"] for line in resumed} == {here_lines[0]["weights_sha256"]}
+
+        cancelled = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS * 100,
+                                  USER_SAVE_EVERY)
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not _manifest_steps(rays, cancelled):
+            assert time.monotonic() < deadline, rays.kubectl.get("rayjob", cancelled, NAMESPACE).get("status")
+            time.sleep(1)
+        result = gpuyard(rays.sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
+    assert result.returncode == 0 and result.stdout.strip() == f"{cancelled}: cancelled, every pod gone", result.stderr
+    assert not _pods(rays.kubectl, cancelled) and cancelled not in gpuyard(rays.sim, "list", "--team", TEAM).stdout
