@@ -9,7 +9,7 @@ its launcher and ends bitwise identical to the PyTorchJob, and so do a TrainJob 
 Job restarted by Volcano, each with a rank's pod deleted mid-run; an elastic PyTorchJob shrunk from 2 nodes to 1
 resumes at world size 1 and finishes. A user's own script (the README's) goes the user's way: `gpuyard images build
 --context` into the sim's registry, `gpuyard submit`, `status`, `logs --rank`, a preemption it resumes from,
-`gpuyard cancel`; and runs unchanged as a TrainJob, an MPIJob and a Volcano Job. Each test's jobs are removed after
+`gpuyard cancel`, as a PyTorchJob and as a TrainJob, an MPIJob and a Volcano Job. Each test's jobs are removed after
 it (tests/sim_running.py jobs_removed), so one that fails cannot hold the node for the next.
 
 The ranks are CPU-only (`--gpus-per-node 0`): all run on the one real node of the CPU NodePool, since the ddp image

@@ -5,7 +5,7 @@ creates the K8sJobMode submitter from the rendered template, which the team name
 admits, and follows the Ray job through the head's dashboard (sim/ray_proxy.py forwards, never answers); the RayJob
 Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket. A worker
 deleted mid-run stops the trainer, which resumes bitwise; one that diverges (exit 1) fails the RayJob with no
-other attempt; a user's own script runs unchanged as a RayJob.
+other attempt; a user's own script runs unchanged as a RayJob, is preempted and resumes bitwise, and is cancelled.
 
 CPU-only (`--gpus-per-node 0`) on the one real node of the CPU NodePool, the machine's 2 cores: the head's 1 CPU,
 the submitter's 0.5 and two workers of `--cpu 0.25`. The bucket is on the sim's own endpoint, reached with the
