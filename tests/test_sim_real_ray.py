@@ -250,6 +250,15 @@ def _manifest_steps(rays: Rays, name: str) -> list[int]:
         open_storage(checkpoint_uri(rays.config, rays.config.team(TEAM), name)), {}).manifests()]
 
 
+def _first_manifest(rays: Rays, name: str) -> None:
+    """Wait until the RayJob ``name`` published its first checkpoint (while KubeRay has not completed it)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not _manifest_steps(rays, name):
+        status = rays.kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
+        assert time.monotonic() < deadline and status.get("jobDeploymentStatus") != "Complete", status
+        time.sleep(1)
+
+
 def test_a_users_own_script_as_a_rayjob_is_followed_preempted_resumed_to_the_same_bits_and_cancelled(
         rays, tmp_path_factory):
     """The user's script built on the rayjob image (`gpuyard images build --context --kind rayjob`) and submitted with
@@ -265,11 +274,7 @@ def test_a_users_own_script_as_a_rayjob_is_followed_preempted_resumed_to_the_sam
     with (script_image(rays.sim, rays.registry_prefix, tmp_path_factory.mktemp("project"), TEAM, "rayjob") as image,
           run_here(here_folder, here_folder / "here.log", USER_STEPS, USER_SAVE_EVERY) as here):
         name = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS, USER_SAVE_EVERY)
-        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-        while not _manifest_steps(rays, name):
-            status = rays.kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
-            assert time.monotonic() < deadline and status.get("jobDeploymentStatus") != "Complete", status
-            time.sleep(1)
+        _first_manifest(rays, name)
         worker = sorted(p["metadata"]["name"] for p in _component(_pods(rays.kubectl, name), "worker"))[0]
         rays.kubectl.run("delete", "pod", worker, "-n", NAMESPACE, "--wait=false")
         ended = _ended(rays.kubectl, name)
@@ -293,10 +298,7 @@ def test_a_users_own_script_as_a_rayjob_is_followed_preempted_resumed_to_the_sam
 
         cancelled = submit_script(rays.sim, rays.config, image, TEAM, "rayjob", "0.25", USER_STEPS * 100,
                                   USER_SAVE_EVERY)
-        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-        while not _manifest_steps(rays, cancelled):
-            assert time.monotonic() < deadline, rays.kubectl.get("rayjob", cancelled, NAMESPACE).get("status")
-            time.sleep(1)
+        _first_manifest(rays, cancelled)
         result = gpuyard(rays.sim, "cancel", cancelled, "--team", TEAM, "--wait", "300")
     assert result.returncode == 0 and result.stdout.strip() == f"{cancelled}: cancelled, every pod gone", result.stderr
     assert not _pods(rays.kubectl, cancelled) and cancelled not in gpuyard(rays.sim, "list", "--team", TEAM).stdout
