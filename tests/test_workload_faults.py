@@ -107,15 +107,21 @@ def test_s3_outage_during_training_saves_retry_training_goes_on(tmp_path, local_
 
 
 def test_a_corrupted_checkpoint_is_detected_and_skipped_on_resume(tmp_path):
+    """The resume is from the newest save before the corrupted one: epoch 2's, unless it was skipped because
+    epoch 1's was still uploading (a loaded machine; the final save always waits)."""
     args = SHORT.model_copy(update={"total_epochs": 3, "checkpoint_uri": str(tmp_path)})
-    done_event(run(python_cmd(args)))
+    first = run(python_cmd(args))
+    done_event(first)
+    saved = [e["step"] for e in events(first.stdout) if e["event"] == "checkpoint"]
+    assert saved[-1] == 3 * STEPS, saved
+    previous = saved[-2]
     newest = tmp_path / data_name(3 * STEPS)
     newest.write_bytes(newest.read_bytes()[:-100] + bytes(100))
     resumed = run(python_cmd(args.model_copy(update={"total_epochs": 4})))
     skipped = [e for e in events(resumed.stdout) if e["event"] == "checkpoint_skipped"]
     assert [e["name"] for e in skipped] == [manifest_name(3 * STEPS)] and "sha256" in skipped[0]["reason"]
-    assert {"event": "resume", "epoch": 2, "epoch_samples": 0, "global_step": 2 * STEPS,
-            "checkpoint": str(tmp_path / manifest_name(2 * STEPS))} in events(resumed.stdout)
+    assert {"event": "resume", "epoch": previous // STEPS, "epoch_samples": 0, "global_step": previous,
+            "checkpoint": str(tmp_path / manifest_name(previous))} in events(resumed.stdout)
     assert trained(done_event(resumed)) == uninterrupted(SHORT)
     _assert_every_manifest_names_its_data(LocalStorage(tmp_path))
 
