@@ -6,15 +6,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from gpuyard.jobs.workload.engine import storage_reader, storage_writer
-from gpuyard.jobs.workload.s3_dcp import READ_BUFFER
+from gpuyard.jobs.workload.s3_dcp import LARGE_TENSOR
 from gpuyard.jobs.workload.storage import S3Storage
+from workload_launch import FaultyProxy
 
-LARGE = READ_BUFFER // 4 + 4096  # float32 elements: larger than the read buffer, so read into its target
+LARGE = LARGE_TENSOR // 4 + 4096  # float32 elements: larger than LARGE_TENSOR, so read into its target
 
 
-def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_it(local_aws):
+def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_it_reading_each_once(
+        local_aws, monkeypatch):
     """``large`` is read into its target; ``widened`` (saved float32, restored into float64) and ``small`` take
-    DCP's own path (torch.load, then a copy), as does ``step`` (pickled bytes)."""
+    DCP's own path (torch.load, then a copy), as does ``step`` (pickled bytes). The restore fetches about the
+    checkpoint's bytes, counted by a proxy in front of moto."""
     boto3.client("s3").create_bucket(Bucket="ckpt")
     storage, checkpoint_id = S3Storage("ckpt", "run"), "s3://ckpt/run/ckpt-000000001"
     generator = torch.Generator().manual_seed(5)
@@ -25,7 +28,15 @@ def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_
     targets = {"large": torch.zeros(LARGE), "widened": torch.zeros(LARGE, dtype=torch.float64),
                "small": torch.zeros(10, 100), "step": -1}
     given = dict(targets)
+    proxy = FaultyProxy(local_aws.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
     dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(storage, 0), no_dist=True)
+    proxy.close()
+
+    stored = sum(item["Size"] for item in local_aws.client("s3").list_objects_v2(Bucket="ckpt")["Contents"])
+    # each item's bytes once, give or take a read buffer (1 MiB) per item: with 16 MiB buffers the step, just before
+    # "large" in its file, and "widened"'s headers fetched 84 MB for these 34
+    assert proxy.served < stored + 4 * 2**20, (proxy.served, stored)
 
     assert all(targets[name] is given[name] for name in ("large", "widened", "small"))  # restored in place
     assert torch.equal(targets["large"], saved["large"])

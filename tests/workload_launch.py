@@ -140,7 +140,7 @@ class FaultyProxy:
     ``fail(pattern, nth)`` answers the ``nth`` request containing ``pattern`` with an S3 error itself and
     never forwards it (``failed_request`` is then its bytes); ``delay(pattern)`` holds the next such
     request until ``release()``, then forwards it (``delayed`` is set while it waits). ``requests``
-    lists (request line, Content-Length) of every request forwarded.
+    lists (request line, Content-Length) of every request forwarded; ``served`` counts the bytes the server sent.
     """
 
     def __init__(self, target_port: int):
@@ -157,6 +157,7 @@ class FaultyProxy:
                                                              threading.Event(), threading.Event())
         self.failed_request: bytes | None = None
         self.requests: list[tuple[str, int]] = []
+        self.served = 0
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -239,6 +240,9 @@ class FaultyProxy:
                     return
                 if from_client:
                     self._log(data)
+                else:
+                    with self._lock:
+                        self.served += len(data)
                 sink.sendall(data)
         except OSError:
             pass

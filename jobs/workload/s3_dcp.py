@@ -20,10 +20,15 @@ from torch.distributed.checkpoint.filesystem import _write_files_from_queue
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future  # what DCP waits on (torch 2.13.0 filesystem.py), not concurrent.futures'
 
-# Every read of DCP's own path goes through one range reader with a buffer this big: small items (the step, RNG
-# state, small tensors) come in a few GETs for many items, and a tensor of at most this size is held twice at most
-# (torch.load's copy, then the copy into its target). Larger tensors are read into their targets.
-READ_BUFFER = 16 * 2**20
+# Tensors larger than this are read into their targets; one of at most this size takes DCP's own path and is held
+# twice at most (torch.load's copy, then the copy into its target).
+LARGE_TENSOR = 16 * 2**20
+# Every read of DCP's own path goes through one range reader with a buffer this big: a small read (the step, RNG
+# state, a small tensor's archive headers) fetches this much from where it starts, so that the items after it come
+# from the buffer; a read at least this big is one ranged GET of its bytes. A small item just before a large tensor
+# (the step: DCP writes bytes items first) fetches this much of that tensor, which is read again into its target:
+# with 16 MiB, tests/test_workload_s3_dcp.py's restore fetched 84 MB for a checkpoint of 34 (1 MiB: 37).
+READ_BUFFER = 2**20
 # A large tensor's archive headers (torch.save's zip: data.pkl first, the central directory last) are read through
 # a buffer this small, so reading them does not fetch the tensor's bytes.
 HEADER_BUFFER = 64 * 2**10
@@ -82,7 +87,7 @@ class S3ShardReader(S3StorageReader):
     ``torch.load``s each item into a new tensor, then copies it into ``planner.resolve_tensor``'s target; the
     connector's default reader (s3torchconnector 1.5.0 ``s3reader/dcp_optimized.py``) first holds the whole item,
     and reads whole runs of items in one stream that the client fills without limit. Here a tensor item larger than
-    READ_BUFFER is located in its torch.save archive by loading it on the meta device, which reads only the headers
+    LARGE_TENSOR is located in its torch.save archive by loading it on the meta device, which reads only the headers
     and gives the storage's offset in the archive (``untyped_storage()._checkpoint_offset``, as torch 2.13.0's own
     ``torch/distributed/checkpoint/_experimental/checkpoint_reader.py`` ``_partial_read`` does), then read into the
     target in ranged GETs of READ_WINDOW. Items that cannot be copied as bytes (a target on a GPU, another dtype, a
@@ -102,7 +107,7 @@ class S3ShardReader(S3StorageReader):
         rest: list[ReadItem] = []
         for item in plan.items:  # in offset order (S3StorageReader.prepare_local_plan)
             stored = self.storage_data[item.storage_index]
-            if item.type == LoadItemType.TENSOR and stored.length > READ_BUFFER and not stored.transform_descriptors:
+            if item.type == LoadItemType.TENSOR and stored.length > LARGE_TENSOR and not stored.transform_descriptors:
                 large.setdefault(stored.relative_path, []).append(item)
             else:
                 rest.append(item)
