@@ -1,6 +1,11 @@
-"""Sharded checkpoints (jobs/workload/engine.py) against plain boto3, world size 2 on a local moto S3; prints JSON.
+"""Sharded checkpoints (jobs/workload/engine.py) against plain boto3, world size 2 on a local S3; prints JSON.
 
-    python bench/bench_checkpoint.py [SIZE ...]    # 64MB, 1GB, 4GB: every size by default
+    python bench/bench_checkpoint.py [SIZE ...] [--server moto|s3s-fs]    # 64MB, 1GB, 4GB: every size by default
+
+The endpoint is moto_server (Python, the tests' S3) or, with ``--server s3s-fs``, the s3s crate's S3 server on a
+folder (Rust; ``cargo install s3s-fs@0.14.1 --features binary`` puts ``s3s-fs`` on PATH): both share the 2 cores with
+the ranks, and what the server spends per request and per byte decides much of each ratio, so a second server says
+which figures belong to the client.
 
 For each total size (each rank holds half, as its own shard: what FSDP gives a rank), in one run:
 
@@ -32,6 +37,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -225,13 +231,53 @@ def measure(label: str, env: dict[str, str]) -> dict:
     }
 
 
-def main(labels: list[str]) -> None:
+class S3sFs:
+    """s3s-fs on 127.0.0.1 over a temporary folder; ``env`` and ``pid`` as LocalAWS gives them."""
+
+    def __enter__(self) -> "S3sFs":
+        from gpuyard.jobs.local_aws import CREDENTIALS, HOST, free_port
+        from gpuyard.jobs.processes import die_with_parent
+
+        if not (binary := shutil.which("s3s-fs")):
+            raise SystemExit("bench_checkpoint: s3s-fs not found: cargo install s3s-fs@0.14.1 --features binary")
+        self.root, port = tempfile.mkdtemp(prefix="bench-s3s-fs-"), free_port()
+        self.process = subprocess.Popen(
+            [binary, "--host", HOST, "--port", str(port), "--access-key", CREDENTIALS["AWS_ACCESS_KEY_ID"],
+             "--secret-key", CREDENTIALS["AWS_SECRET_ACCESS_KEY"], self.root],
+            stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        self.pid, self.env = self.process.pid, {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{HOST}:{port}"}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection((HOST, port), timeout=1).close()
+                return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise SystemExit(f"bench_checkpoint: s3s-fs did not answer on port {port}")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        from gpuyard.jobs.processes import stop_tree
+
+        stop_tree(self.process)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
     from gpuyard.jobs.local_aws import LocalAWS
 
+    parser = argparse.ArgumentParser(prog="bench_checkpoint")
+    parser.add_argument("labels", nargs="*", metavar="SIZE")
+    parser.add_argument("--server", choices=["moto", "s3s-fs"], default="moto")
+    args = parser.parse_args(argv)
+    labels = args.labels
     if unknown := set(labels) - set(SIZES):
         raise SystemExit(f"bench_checkpoint: no size {sorted(unknown)[0]!r}: {', '.join(SIZES)}")
 
-    with LocalAWS() as aws:
+    with LocalAWS() if args.server == "moto" else S3sFs() as aws:
         os.environ.update({**aws.env, SERVER_PID: str(aws.pid)})
         import boto3
 
@@ -239,7 +285,7 @@ def main(labels: list[str]) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         report: dict = {label: {"skipped": reason} if (reason := unfit(size)) else measure(label, env)
                         for label, size in SIZES.items() if label in (labels or SIZES)}
-    report["setup"] = {"world_size": 2, "launcher": "torchrun", "backend": "gloo", "endpoint": "moto_server",
+    report["setup"] = {"world_size": 2, "launcher": "torchrun", "backend": "gloo", "endpoint": "moto_server" if args.server == "moto" else "s3s-fs 0.14.1",
                        "transport": "s3torchconnector 1.5.0 (ours), boto3 upload_fileobj/download_fileobj (plain)",
                        "tensor_bytes": TENSOR_BYTES, "save_pairs": SAVE_PAIRS,
                        "restore_baseline_best_of": REPEATS, "cpus": os.cpu_count()}
