@@ -56,6 +56,16 @@ def gang_whole(holdings: list[Holding], gang: int, end: float) -> tuple[float | 
     return first, idle
 
 
+def most_at_once(holdings: list[Holding], end: float) -> int:
+    """The most of ``holdings`` held at one moment (an end before a start at the same moment, as in gang_whole)."""
+    changes = sorted([(h.start, 1) for h in holdings] + [(h.end if h.end is not None else end, -1) for h in holdings])
+    count = most = 0
+    for _, step in changes:
+        count += step
+        most = max(most, count)
+    return most
+
+
 def _dominant_share(holding: Holding, node: NodeLife | None) -> float:
     if node is None:
         return 0.0
@@ -93,7 +103,12 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
         else:
             team["explained"] += bool(job.refused or job.reason)
             explanations.append({"gang": job.name, "team": job.gang.team, "gpus": job.gang.gpus,
-                                 "reason": job.refused or job.reason or None})
+                                 "reason": job.refused or job.reason or None,
+                                 # what the watches saw of it, so that a gang left unexplained can be looked into
+                                 "seen": {"pods": job.pods, "held": len(holdings),
+                                          "most_at_once": most_at_once(holdings, end),
+                                          "succeeded": sum(h.succeeded for h in holdings),
+                                          "reclaim_evictions": len(seen.evicted.get(job.name, ()))}})
     gpu_node_seconds = node_cost = idle_cost = 0.0
     held_on: dict[str, float] = {}
     for holding in seen.pods.values():

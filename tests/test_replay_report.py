@@ -149,7 +149,8 @@ def test_summarize_waits_costs_idle_and_utilization():
     assert report["gpu_utilization"] == round(310 / (161 + 211), 4)
     assert report["idle_gpu_hours"] == round((161 + 211 - 310) * hours, 2)
     assert report["cost_usd"] == round((161 + 211) * price * hours, 2)
-    assert report["explanations"] == [{"gang": "nlp-0002", "team": "nlp", "gpus": 1, "reason": "queue nlp unschedulable"}]
+    assert [{k: v for k, v in e.items() if k != "seen"} for e in report["explanations"]] == [
+        {"gang": "nlp-0002", "team": "nlp", "gpus": 1, "reason": "queue nlp unschedulable"}]
 
 
 def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_failure():
@@ -166,6 +167,9 @@ def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_fail
         "its operator ended it Failed before its 2 pods ran at once (2 reclaim evictions)", "", ""]
     report = summarize(DEV, gangs, seen, end=20, speed=1)
     assert (report["admitted"], report["explained"], report["unexplained"]) == (1, 1, 1)
+    assert [e["seen"] for e in report["explanations"]] == [
+        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 0, "reclaim_evictions": 2},
+        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 1, "reclaim_evictions": 0}]
 
 
 def test_percentile_is_nearest_rank():
