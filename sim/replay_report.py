@@ -66,6 +66,14 @@ def most_at_once(holdings: list[Holding], end: float) -> int:
     return most
 
 
+def lives(holdings: list[Holding], since: float, end: float, speed: float) -> list[list]:
+    """Each pod's [node, start, end (None: still held), succeeded], in the cluster's seconds from ``since``, in the
+    order they started."""
+    return [[h.node, round((h.start - since) * speed),
+             None if h.end is None else round((h.end - since) * speed), h.succeeded]
+            for h in sorted(holdings, key=lambda h: h.start)]
+
+
 def _dominant_share(holding: Holding, node: NodeLife | None) -> float:
     if node is None:
         return 0.0
@@ -108,7 +116,8 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
                                  "seen": {"pods": job.pods, "held": len(holdings),
                                           "most_at_once": most_at_once(holdings, end),
                                           "succeeded": sum(h.succeeded for h in holdings),
-                                          "reclaim_evictions": len(seen.evicted.get(job.name, ()))}})
+                                          "reclaim_evictions": len(seen.evicted.get(job.name, ())),
+                                          "lives": lives(holdings, job.applied_at or 0.0, end, speed)}})
     gpu_node_seconds = node_cost = idle_cost = 0.0
     held_on: dict[str, float] = {}
     for holding in seen.pods.values():

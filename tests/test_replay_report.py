@@ -13,7 +13,7 @@ from gpuyard.infra.config import load_stack
 from gpuyard.sim.kwok import ANNOTATION_RUNS_FOR, ANNOTATION_SERVES
 from gpuyard.sim.nodes import SHAPES
 from gpuyard.sim.replay import explain_failed, prepare
-from gpuyard.sim.replay_report import ReplayJob, percentile, summarize
+from gpuyard.sim.replay_report import ReplayJob, lives, percentile, summarize
 from gpuyard.sim.watch import Holding, NodeLife, Seen, on_job
 from gpuyard.sim.trace import Gang, TraceError, cluster_history, read_trace, synthetic_trace, write_trace
 
@@ -168,8 +168,15 @@ def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_fail
     report = summarize(DEV, gangs, seen, end=20, speed=1)
     assert (report["admitted"], report["explained"], report["unexplained"]) == (1, 1, 1)
     assert [e["seen"] for e in report["explanations"]] == [
-        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 0, "reclaim_evictions": 2},
-        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 1, "reclaim_evictions": 0}]
+        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 0, "reclaim_evictions": 2,
+         "lives": [["n1", 1, 5, False]]},
+        {"pods": 2, "held": 1, "most_at_once": 1, "succeeded": 1, "reclaim_evictions": 0,
+         "lives": [["n1", 1, 5, True]]}]
+
+
+def test_lives_are_each_pods_node_start_end_and_success_in_cluster_seconds_from_the_apply_in_start_order():
+    holdings = [Holding("nlp-0000", "n1", {}, 3.0), Holding("nlp-0000", "n2", {}, 2.0, 4.0, True)]
+    assert lives(holdings, since=1.0, end=9.0, speed=10) == [["n2", 10, 30, True], ["n1", 20, None, False]]
 
 
 def test_percentile_is_nearest_rank():
