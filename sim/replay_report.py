@@ -40,12 +40,17 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)]
 
 
+def _changes(holdings: list[Holding], end: float) -> list[tuple[float, int, Holding]]:
+    """(moment, +1 or -1, holding) for each start and end (``end`` for one still held), in time order, an end before
+    a start at the same moment."""
+    return sorted([(h.start, 1, h) for h in holdings] + [(h.end if h.end is not None else end, -1, h)
+                                                          for h in holdings], key=lambda c: (c[0], c[1]))
+
+
 def gang_whole(holdings: list[Holding], gang: int, end: float) -> tuple[float | None, float]:
     """(first time all ``gang`` pods held at once, GPU-seconds held while fewer did)."""
-    changes = sorted([(h.start, 1, h) for h in holdings] + [(h.end if h.end is not None else end, -1, h)
-                                                             for h in holdings], key=lambda c: (c[0], c[1]))
     count, gpus, last, first, idle = 0, 0.0, 0.0, None, 0.0
-    for moment, step, holding in changes:
+    for moment, step, holding in _changes(holdings, end):
         if count < gang:
             idle += gpus * (moment - last)
         count += step
@@ -57,16 +62,15 @@ def gang_whole(holdings: list[Holding], gang: int, end: float) -> tuple[float | 
 
 
 def most_at_once(holdings: list[Holding], end: float) -> int:
-    """The most of ``holdings`` held at one moment (an end before a start at the same moment, as in gang_whole)."""
-    changes = sorted([(h.start, 1) for h in holdings] + [(h.end if h.end is not None else end, -1) for h in holdings])
+    """The most of ``holdings`` held at one moment."""
     count = most = 0
-    for _, step in changes:
+    for _, step, _ in _changes(holdings, end):
         count += step
         most = max(most, count)
     return most
 
 
-def lives(holdings: list[Holding], since: float, end: float, speed: float) -> list[list]:
+def lives(holdings: list[Holding], since: float, speed: float) -> list[list]:
     """Each pod's [node, start, end (None: still held), succeeded], in the cluster's seconds from ``since``, in the
     order they started."""
     return [[h.node, round((h.start - since) * speed),
@@ -98,7 +102,8 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
         holdings = by_job.get(job.name, [])
         admitted, idle = gang_whole(holdings, job.pods, end) if job.pods else (None, 0.0)
         team["idle_gpu_hours"] += idle * hours
-        team["reclaim_evictions"] += len(seen.evicted.get(job.name, ()))
+        evictions = len(seen.evicted.get(job.name, ()))
+        team["reclaim_evictions"] += evictions
         team["failed"] += job.name in seen.failed
         for holding in holdings:
             held = (holding.end if holding.end is not None else end) - holding.start
@@ -116,8 +121,8 @@ def summarize(config: StackConfig, jobs: list[ReplayJob], seen: Seen, end: float
                                  "seen": {"pods": job.pods, "held": len(holdings),
                                           "most_at_once": most_at_once(holdings, end),
                                           "succeeded": sum(h.succeeded for h in holdings),
-                                          "reclaim_evictions": len(seen.evicted.get(job.name, ())),
-                                          "lives": lives(holdings, job.applied_at or 0.0, end, speed)}})
+                                          "reclaim_evictions": evictions,
+                                          "lives": lives(holdings, job.applied_at or 0.0, speed)}})
     gpu_node_seconds = node_cost = idle_cost = 0.0
     held_on: dict[str, float] = {}
     for holding in seen.pods.values():

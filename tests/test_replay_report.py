@@ -176,7 +176,7 @@ def test_a_gang_its_operator_failed_before_it_ran_whole_is_explained_by_the_fail
 
 def test_lives_are_each_pods_node_start_end_and_success_in_cluster_seconds_from_the_apply_in_start_order():
     holdings = [Holding("nlp-0000", "n1", {}, 3.0), Holding("nlp-0000", "n2", {}, 2.0, 4.0, True)]
-    assert lives(holdings, since=1.0, end=9.0, speed=10) == [["n2", 10, 30, True], ["n1", 20, None, False]]
+    assert lives(holdings, since=1.0, speed=10) == [["n2", 10, 30, True], ["n1", 20, None, False]]
 
 
 def test_percentile_is_nearest_rank():
