@@ -8,17 +8,21 @@ in-cluster Service names, leader election namespaces, ports) is replaced by loca
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from gpuyard.infra import operators
 from gpuyard.sim.certs import Pki
 from gpuyard.sim.kube import Kubectl
-from gpuyard.sim.paths import claim
+from gpuyard.sim.paths import claim, claimed_by
 from gpuyard.sim.processes import Supervisor, free_port
 from gpuyard.sim.upstream import documents, documents_in, module_dir
 from gpuyard.sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
@@ -40,6 +44,7 @@ class Context:
     supervisor: Supervisor
     pytorch_init_image: str | None = None  # real nodes: the sim's busybox image (sim/pause.py) for upstream's alpine
     cluster_dns: str | None = None  # real nodes: CoreDNS's address (sim/coredns.py), where KubeRay's proxy resolves heads
+    mpi_operator: bool = True  # False: the MPIJob CRD only (Sim.mpi_operator)
 
     def binary(self, component: str, name: str) -> str:
         return str(self.bins[component] / name)
@@ -62,6 +67,27 @@ def _record_outside(state: Path, folder: Path) -> None:
     except FileExistsError:
         return
     (state / OUTSIDE).write_text(json.dumps(sorted({*map(str, outside_folders(state)), str(folder)})))
+
+
+@contextmanager
+def _outside_folders_locked() -> Iterator[None]:
+    """Held from a cluster's look at the Training Operator's fixed certificate folder until its operator has read it,
+    and while `down` removes the folders outside a state folder: clusters on one machine share that folder, and one
+    must not remove it while another's operator waits for it. The lock is on /tmp itself, so it leaves no file."""
+    fd = os.open(TRAINING_OPERATOR_CERT_DIR.parent.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_outside_folders(state: Path) -> None:
+    """Remove the folders outside ``state`` that this cluster made (gpuyard.sim.paths.claim), and no other."""
+    with _outside_folders_locked():
+        for path in outside_folders(state):
+            if claimed_by(path, state):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def flag_name(arg: str) -> str:
@@ -192,13 +218,15 @@ def _port_free(port: int) -> bool:
 
 
 def start_mpi_operator(context: Context) -> None:
-    if not _port_free(MPI_OPERATOR_HEALTH_PORT):
+    if context.mpi_operator and not _port_free(MPI_OPERATOR_HEALTH_PORT):
         raise RuntimeError(f"MPI Operator v0.8.0 needs port {MPI_OPERATOR_HEALTH_PORT} (its health server's, hard-coded), "
                            "which is in use (another gpuyard sim?)")
     manifests = list(documents(module_dir("mpi-operator", MPI_OPERATOR_MODULE) / "deploy" / "v2beta1" / "mpi-operator.yaml"))
     crds = of_kind(manifests, "CustomResourceDefinition")
     context.kubectl.apply(of_kind(manifests, "Namespace") + crds)
     wait_crds(context.kubectl, crds)
+    if not context.mpi_operator:
+        return
     context.supervisor.start("mpi-operator", [
         context.binary("mpi-operator", "mpi-operator"), *operators.MPI_OPERATOR_ARGS, f"--kubeConfig={context.kubeconfig}",
     ])
@@ -230,17 +258,18 @@ def start_training_operator(context: Context) -> None:
     context.kubectl.apply([webhook_secret("kubeflow", "training-operator-webhook-cert", context.pki)])
     folder = context.folder("training-operator")
     _serving_certs(folder / "k8s-webhook-server" / "serving-certs", context.pki)  # what the webhook server reads
-    if not (TRAINING_OPERATOR_CERT_DIR / "tls.crt").exists():  # what the rotator waits for; another sim's will do
-        _record_outside(context.state, TRAINING_OPERATOR_CERT_DIR.parent)
-        _serving_certs(TRAINING_OPERATOR_CERT_DIR, context.pki)
     port = free_port()
     context.kubectl.apply(served_locally(m, port, context.pki.ca) for m in of_kind(manifests, *WEBHOOK_KINDS))
-    context.supervisor.start("training-operator", [
-        context.binary("training-operator", "training-operator"), *training_operator_args(context.pytorch_init_image),
-        f"--kubeconfig={context.kubeconfig}", f"--metrics-bind-address={LOCAL}:{free_port()}",
-        f"--health-probe-bind-address={LOCAL}:{free_port()}", f"--webhook-server-port={port}",
-    ], env={"TMPDIR": str(folder)})  # controller-runtime's webhook server reads $TMPDIR/k8s-webhook-server/serving-certs
-    wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("training-operator"))
+    with _outside_folders_locked():  # it serves once it found a tls.crt there
+        if not (TRAINING_OPERATOR_CERT_DIR / "tls.crt").exists():  # what the rotator waits for; another sim's will do
+            _record_outside(context.state, TRAINING_OPERATOR_CERT_DIR.parent)
+            _serving_certs(TRAINING_OPERATOR_CERT_DIR, context.pki)
+        context.supervisor.start("training-operator", [
+            context.binary("training-operator", "training-operator"), *training_operator_args(context.pytorch_init_image),
+            f"--kubeconfig={context.kubeconfig}", f"--metrics-bind-address={LOCAL}:{free_port()}",
+            f"--health-probe-bind-address={LOCAL}:{free_port()}", f"--webhook-server-port={port}",
+        ], env={"TMPDIR": str(folder)})  # controller-runtime's webhook server reads $TMPDIR/k8s-webhook-server/serving-certs
+        wait_listening(port, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("training-operator"))
 
 
 def training_operator_args(init_image: str | None = None) -> list[str]:

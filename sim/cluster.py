@@ -37,7 +37,8 @@ class Sim:
     kube-state-metrics and Prometheus evaluate the stack's showback rules (sim/monitoring.py). With ``real_nodes``
     that many of the stack's GPU nodes are real kubelets running real containers (sim/realnode.py), the others
     kwok's, and the pods reach the stack's bucket on the sim's S3 endpoint with IRSA credentials (sim/s3.py,
-    sim/irsa.py)."""
+    sim/irsa.py). Without ``mpi_operator`` MPIJobs are admitted but nothing runs them, and the cluster can run beside
+    another one (the MPI Operator's health port is hard-coded: sim/addons.py)."""
 
     stack: str
     folder: Path | None = None
@@ -46,6 +47,7 @@ class Sim:
     monitoring: bool = False
     registry_host: str = "127.0.0.1"  # where the image registry listens (sim/registry.py)
     real_nodes: int = 0
+    mpi_operator: bool = True
 
     @property
     def state(self) -> Path:
@@ -84,8 +86,9 @@ class Sim:
             bins |= {c.name: build_component(c, say) for c in node_components(config.cluster.kubernetes_version)}
         pids = self.supervisor.pids()
         kubelets = self.real_nodes + realnode.CPU_NODES if self.real_nodes else 0
-        if self.running() and (self.karpenter, self.monitoring, kubelets) == (
-                "karpenter" in pids, "prometheus" in pids, sum(name.startswith("kubelet-") for name in pids)):
+        if self.running() and (self.karpenter, self.monitoring, self.mpi_operator, kubelets) == (
+                "karpenter" in pids, "prometheus" in pids, "mpi-operator" in pids,
+                sum(name.startswith("kubelet-") for name in pids)):
             say(f"sim {self.stack}: already running")
             return self.kubeconfig
         self.down()
@@ -129,7 +132,8 @@ class Sim:
             say(f"starting the S3 and STS endpoint on {realnode.GATEWAY}:{s3.PORT} with {config.checkpoint_bucket}")
             endpoint = s3.start(self.supervisor, realnode.GATEWAY, config)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
-                                 pytorch_init_image=busybox, cluster_dns=coredns.ADDRESS if real else None)
+                                 pytorch_init_image=busybox, cluster_dns=coredns.ADDRESS if real else None,
+                                 mpi_operator=self.mpi_operator)
         for name, start in addons.STARTS.items():
             if name in bins:
                 say(f"starting {name}")
@@ -163,9 +167,7 @@ class Sim:
         self.supervisor.stop_all()
         netpol.stop_all(self.state)
         realnode.stop_all(self.state)
-        for path in addons.outside_folders(self.state):
-            if claimed_by(path, self.state):
-                shutil.rmtree(path, ignore_errors=True)
+        addons.remove_outside_folders(self.state)
         shutil.rmtree(self.state)
 
     def _refuse_foreign(self) -> None:

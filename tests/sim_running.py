@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -23,24 +25,38 @@ CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cp
 
 
 @contextmanager
+def _one_with_real_nodes_at_a_time() -> Iterator[None]:
+    """Held by a cluster with real nodes: their gateway and DNS addresses are fixed (sim/realnode.py,
+    sim/coredns.py), and the `sim` tests run two clusters at once (the ones without the MPI Operator beside the
+    others). The lock is on this folder, so it leaves no file."""
+    fd = os.open(Path(__file__).parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
 def running_sim(stack: str, state: Path, **options) -> Iterator[Sim]:
     """`Sim(stack, state, **options)` up for the block; afterwards every process it started is gone, and its state
     (with real nodes, their bridge and cgroups too)."""
-    cluster = Sim(stack, state, **options)
-    cluster.up(print)
-    record = json.loads((cluster.state / realnode.RECORD).read_text()) if options.get("real_nodes") else None
-    yield cluster
-    started = cluster.supervisor.pids()
-    cluster.down()
-    assert not cluster.state.exists()
-    assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
-    if record:
-        assert not Path(f"/sys/class/net/{record['bridge']}").exists()
-        assert not [h for h in realnode.hierarchies() if (h / record["cgroup"].strip("/")).exists()]
-        # kube-proxy's and kube-router's chains and ipsets, and the guard (sim/netpol.py): none left
-        assert not netpol.kube_chains() and not netpol.kube_ipsets()
-        assert record["bridge"] not in subprocess.run(["iptables-save", "-t", "mangle"], capture_output=True,
-                                                      text=True, check=True).stdout
+    with _one_with_real_nodes_at_a_time() if options.get("real_nodes") else nullcontext():
+        cluster = Sim(stack, state, **options)
+        cluster.up(print)
+        record = json.loads((cluster.state / realnode.RECORD).read_text()) if options.get("real_nodes") else None
+        yield cluster
+        started = cluster.supervisor.pids()
+        cluster.down()
+        assert not cluster.state.exists()
+        assert not [name for name, pid in started.items() if alive(pid) and not zombie(pid)]
+        if record:
+            assert not Path(f"/sys/class/net/{record['bridge']}").exists()
+            assert not [h for h in realnode.hierarchies() if (h / record["cgroup"].strip("/")).exists()]
+            # kube-proxy's and kube-router's chains and ipsets, and the guard (sim/netpol.py): none left
+            assert not netpol.kube_chains() and not netpol.kube_ipsets()
+            assert record["bridge"] not in subprocess.run(["iptables-save", "-t", "mangle"], capture_output=True,
+                                                          text=True, check=True).stdout
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from sim_running import pod_ended, running_sim
 
 pytestmark = [
     pytest.mark.sim,
-    pytest.mark.xdist_group("sim"),
+    pytest.mark.xdist_group("sim-without-mpi-operator"),  # beside the "sim" group: no MPI Operator (sim_running.py)
     pytest.mark.skipif(shutil.which("go") is None, reason="gpuyard sim builds its components with Go: no `go` on PATH"),
 ]
 STACK = "dev"
@@ -36,7 +36,7 @@ TRAINER_ENV = {"PET_NPROC_PER_NODE": "1", "PET_NNODES": "1", "PET_STANDALONE": "
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1) as cluster:
+    with running_sim(STACK, tmp_path_factory.mktemp("sim") / "state", real_nodes=1, mpi_operator=False) as cluster:
         yield cluster
 
 
