@@ -6,10 +6,13 @@ plausible outputs (ARNs, ids, endpoints) and the provider calls the program make
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import runpy
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,17 +176,43 @@ class Plan:
     outputs: dict[str, Any]
 
 
+@contextmanager
+def _own_event_loop() -> Iterator[None]:
+    """A fresh asyncio loop for one run of the program, closed after it with the tasks the run left pending; the
+    caller's loop is set again afterwards. A run that raises leaves tasks waiting on its resources: in a loop the
+    next run shares they would go on registering with that run's monitor, whose wait for its RPCs (Pulumi 3.272
+    ``pulumi/runtime/stack.py`` wait_for_rpcs) would then never end."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        previous = policy.get_event_loop()
+    except RuntimeError:
+        previous = None
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left, timeout=10))
+        loop.close()
+        asyncio.set_event_loop(previous)
+
+
 def plan_values(stack: str, values: dict[str, Any], account_roles: tuple[str, ...] = ()) -> Plan:
     """Run the program for ``stack`` with these config values (in an account that has ``account_roles``);
     return what it registers and exports."""
     config = parse_stack(stack, values)
     monitor = RecordingMonitor(PlanMocks(region=config.region, account_roles=account_roles))
-    settings.reset_options(project=PROJECT, stack=stack, preview=False)
-    set_all_config(encode_config(values))
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
-    settings.set_root_resource(None)  # set_mocks finished a root stack up front; run in a fresh one, as `pulumi up` does
-    with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt raised in it, then waits forever
-        _sync_await(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    with _own_event_loop():  # Pulumi's futures bind to the loop that is current when set_mocks makes them
+        settings.reset_options(project=PROJECT, stack=stack, preview=False)
+        set_all_config(encode_config(values))
+        pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        settings.set_root_resource(None)  # set_mocks finished a root stack up front; run in a fresh one, as `pulumi up` does
+        with signals_deferred():  # Pulumi's event loop swallows a KeyboardInterrupt raised in it, then waits forever
+            _sync_await(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
     return Plan(monitor.planned, monitor.outputs)
 
 

@@ -80,3 +80,29 @@ def test_outputs_for_render_and_operators():
         "queue": "vision",
         "role_arn": "arn:aws:iam::123456789012:role/team-vision-irsa",
     }
+
+
+FORKED_BESIDE = '''
+import asyncio, os, signal, sys
+from gpuyard.infra.plan import plan
+plan("dev")
+child = os.fork()
+if child == 0:  # a fork sitting in the parent's asyncio loop, as a forked `gpuyard plan` of the tests did
+    asyncio.get_event_loop().run_forever()
+try:
+    for stack in ("prod", "ephemeral", "dev"):
+        plan(stack)
+    print("planned")
+finally:
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+'''
+
+
+def test_a_plan_beside_a_fork_of_its_process_does_not_share_its_event_loop():
+    """A fork inherits the asyncio loop a plan ran in: its epoll and the self-pipe Pulumi's executor threads wake it
+    through. A child blocked in that loop took the parent's wake-ups, and the parent's next plan waited forever (a CI
+    run hung so, in `gpuyard plan` forked by a test and in the worker after it); each plan now runs in a loop of its
+    own. Measured with the shared loop: this test timed out in one run of two (and a plan still waited after 180 s); with its own loop 3 of 3 passed in 5 s."""
+    result = subprocess.run([sys.executable, "-c", FORKED_BESIDE], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, "planned"), result.stderr[-3000:]
