@@ -8,18 +8,16 @@ in-cluster Service names, leader election namespaces, ports) is replaced by loca
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from gpuyard.infra import operators
+from gpuyard.jobs.workload.storage import folder_locked
 from gpuyard.sim.certs import Pki
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.paths import claim, claimed_by
@@ -69,17 +67,11 @@ def _record_outside(state: Path, folder: Path) -> None:
     (state / OUTSIDE).write_text(json.dumps(sorted({*map(str, outside_folders(state)), str(folder)})))
 
 
-@contextmanager
-def _outside_folders_locked() -> Iterator[None]:
+def _outside_folders_locked():
     """Held from a cluster's look at the Training Operator's fixed certificate folder until its operator has read it,
     and while `down` removes the folders outside a state folder: clusters on one machine share that folder, and one
-    must not remove it while another's operator waits for it. The lock is on /tmp itself, so it leaves no file."""
-    fd = os.open(TRAINING_OPERATOR_CERT_DIR.parent.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    must not remove it while another's operator waits for it. The lock is on /tmp itself."""
+    return folder_locked(TRAINING_OPERATOR_CERT_DIR.parent.parent)
 
 
 def remove_outside_folders(state: Path) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +13,7 @@ import pytest
 
 from gpuyard.infra.config import StackConfig
 from gpuyard.jobs.local_aws import LocalAWS
+from gpuyard.jobs.workload.storage import folder_locked
 from gpuyard.sim import netpol, realnode, s3
 from gpuyard.sim.cluster import Sim
 from gpuyard.sim.images import build_images
@@ -24,17 +23,11 @@ from gpuyard.sim.submit import JOB_RESOURCES
 CPU_NODE = "cpu-m7i-2xlarge-1"  # the dev stack's first on-demand node of the cpu NodePool: a real node
 
 
-@contextmanager
-def _one_with_real_nodes_at_a_time() -> Iterator[None]:
+def _one_with_real_nodes_at_a_time():
     """Held by a cluster with real nodes: their gateway and DNS addresses are fixed (sim/realnode.py,
     sim/coredns.py), and the `sim` tests run two clusters at once (the ones without the MPI Operator beside the
-    others). The lock is on this folder, so it leaves no file."""
-    fd = os.open(Path(__file__).parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    others). The lock is on this folder."""
+    return folder_locked(Path(__file__).parent)
 
 
 @contextmanager

@@ -30,6 +30,17 @@ T = TypeVar("T")
 MULTIPART_THRESHOLD = 8 * 2**20  # boto3's default
 
 
+
+@contextmanager
+def folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on ``folder`` itself for the block, across processes; no lock file is left behind."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
 class StorageError(Exception):
     """A storage call failed for good, as one line."""
 
@@ -152,16 +163,11 @@ class LocalStorage:
 
     @contextmanager
     def _locked(self, name: str) -> Iterator[None]:
-        """An exclusive flock on the directory itself (no lock file left behind) while ``name`` is compared and
-        replaced."""
+        """The directory locked while ``name`` is compared and replaced."""
         _plain(name)
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with folder_locked(self.root):
             yield
-        finally:
-            os.close(fd)
 
     def _check_version(self, name: str, etag: str) -> None:
         try:
