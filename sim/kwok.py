@@ -20,8 +20,10 @@ from gpuyard.infra.conventions import LABEL_PART_OF, PART_OF
 from gpuyard.sim.upstream import documents, module_dir
 
 KWOK_MODULE = "sigs.k8s.io/kwok"
+# kwok's chaos stage fails a running pod labelled for it (with the exit code its annotations say), over any other
+# stage by its weight: a replayed MPIJob launcher that gives up (sim/mpi_launcher.py)
 STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml", "pod/fast/pod-ready.yaml",
-          "pod/fast/pod-delete.yaml")
+          "pod/fast/pod-delete.yaml", "pod/chaos/pod-container-running-failed.yaml")
 TRAINING_RUNS_MILLISECONDS = 10000
 # A pod annotated with a Go duration ("90s", "1.5h") runs that long instead (`gpuyard sim replay`): kwok v0.8.0 reads
 # a stage delay's durationFrom (jq) and parses a string with time.ParseDuration, or falls back to durationMilliseconds

@@ -1,14 +1,16 @@
 """`gpuyard sim replay`: a trace of gangs through the simulated cluster with Karpenter, time compressed.
 
-Each gang is rendered as gpuyard renders it (``gpuyard.jobs.render``), placed (``gpuyard.jobs.placement``: a gang the stack can never
-run is explained, not applied) and applied at its arrival divided by ``speed``; the pods that end by themselves
-(torchrun's, an MPI launcher) carry their run time (duration / ``speed``) in the annotation kwok completes them by,
-MPI workers serve until their operator ends the job, as on a real cluster (sim/kwok.py serving_templates). A gang
-its operator failed before it ever ran whole is explained by that failure. The stack's NodePools consolidate
-after their ``consolidateAfter`` / ``speed``. What happens is read from kubectl watches of pods, nodes and Volcano's
-eviction events (sim/watch.py) and summed up per team (sim/replay_report.py): waits, reclaim evictions, GPU-hours
-held and held idle, and cost, each node priced by its instance type's offering (sim/nodes.py SHAPES, what the
-simulated Karpenter prices it at). Times in the report are the cluster's (wall x speed).
+Each gang is rendered as gpuyard renders it (``gpuyard.jobs.render``), placed (``gpuyard.jobs.placement``: a gang
+the stack can never run is explained, not applied) and applied at its arrival divided by ``speed``; the pods that
+end by themselves (torchrun's, an MPI launcher) carry their run time (duration / ``speed``) in the annotation kwok
+completes them by, MPI workers serve until their operator ends the job, as on a real cluster (sim/kwok.py
+serving_templates); an MPI launcher's time runs only while all its workers do, and it fails when they are lost more
+often than it reruns mpirun (sim/mpi_launcher.py). A gang its operator failed before it ever ran whole is explained
+by that failure. The stack's NodePools consolidate after their ``consolidateAfter`` / ``speed``. What happens is
+read from kubectl watches of pods, nodes and Volcano's eviction events (sim/watch.py) and summed up per team
+(sim/replay_report.py): waits, reclaim evictions, GPU-hours held and held idle, and cost, each node priced by its
+instance type's offering (sim/nodes.py SHAPES, what the simulated Karpenter prices it at).
+Times in the report are the cluster's (wall x speed).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpuyard.jobs.spec import SpecError, build_spec
 from gpuyard.sim import preflight
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.kwok import runs_for
+from gpuyard.sim.mpi_launcher import Launchers
 from gpuyard.sim.replay_report import ReplayJob, gang_whole, summarize
 from gpuyard.sim.trace import Gang
 from gpuyard.sim.watch import Seen, Watch, on_event, on_job, on_node, on_pod
@@ -83,7 +86,13 @@ def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable
     span = max((g.arrival_s + g.duration_s for g in gangs), default=0) / speed
     deadline = max_wall_s if max_wall_s is not None else 3 * span + 300
     seen, t0 = Seen(), time.monotonic()
-    watches = [Watch(kubectl, "pods", lambda t, k, o: on_pod(seen, t, k, o), t0),
+    launchers = Launchers(kubectl, {j.name: j.gang.nodes for j in pending if j.manifest["kind"] == "MPIJob"})
+
+    def pod_event(now: float, kind: str, pod: dict) -> None:
+        on_pod(seen, now, kind, pod)
+        launchers.on_pod(now, kind, pod)
+
+    watches = [Watch(kubectl, "pods", pod_event, t0),
                Watch(kubectl, "nodes", lambda t, k, o: on_node(seen, t, k, o), t0),
                Watch(kubectl, "events", lambda t, k, o: on_event(seen, t, k, o), t0, "--field-selector=reason=Evict"),
                *(Watch(kubectl, resource, lambda t, k, o: on_job(seen, t, k, o), t0) for resource in JOB_RESOURCES)]
@@ -98,6 +107,7 @@ def run(sim, config: StackConfig, gangs: list[Gang], speed: float, say: Callable
                 for job in due:
                     pending.remove(job)
                 applied += _apply(kubectl, due, now)
+            launchers.tick(now)
             open_jobs = [j for j in applied if not _finished(seen, j)]
             if not pending and not open_jobs or now > deadline:
                 break

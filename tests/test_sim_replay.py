@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 
 import pytest
@@ -143,3 +144,89 @@ def test_render_explain_reads_the_teams_queue(sim, tmp_path):
         assert "queue vision: deserved 5 GPUs, allocated 8" in text and "waiting ahead: 1 gang(s), 8 GPUs" in text
     finally:
         kubectl.run("delete", "-f", str(paths[0]), "-f", str(paths[1]), "--wait=false")
+
+
+def _pods(kubectl, namespace: str, job: str, component: str) -> list[dict]:
+    selector = f"gpuyard.io/job={job},app.kubernetes.io/component={component}"
+    return kubectl.items("pods", namespace=namespace, selector=selector)
+
+
+def _running(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+def _delete_workers(kubectl, namespace: str, job: str, times: int, away_s: float, seen: dict,
+                    stop: threading.Event) -> None:
+    """Once the launcher runs, delete worker 0 (as a reclaim or a drained node would), again each time the gang is whole
+    again and the launcher still runs, ``times`` in all; with ``away_s`` the namespace admits no new pod for that long
+    after a deletion (a ResourceQuota of 0 pods), so the operator cannot bring the worker back sooner. ``seen`` gets the
+    launcher's first run and its end, each deletion's time and the time its gang was whole again."""
+    whole_again, deleted = [], []
+    seen.update(deleted=deleted, whole_again=whole_again)
+    hold = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-new-pods", "namespace": namespace},
+            "spec": {"hard": {"pods": "0"}}}
+    while not stop.is_set():
+        launchers = _pods(kubectl, namespace, job, "launcher")
+        phases = {p["status"].get("phase") for p in launchers}
+        now = time.monotonic()
+        if "Running" in phases:
+            seen.setdefault("launcher_running", now)
+        if phases & {"Succeeded", "Failed"}:
+            seen["launcher_ended"] = now
+            return
+        if away_s and deleted and now - deleted[-1] >= away_s:
+            kubectl.run("delete", "resourcequota", "no-new-pods", "--namespace", namespace, "--ignore-not-found")
+        workers = _running(_pods(kubectl, namespace, job, "worker"))
+        if "Running" in phases and len(workers) == 2:
+            if len(whole_again) < len(deleted):
+                whole_again.append(now)
+            if len(deleted) < times:
+                if away_s:
+                    kubectl.apply([hold])
+                first = next(w for w in workers if w["metadata"]["name"].endswith("-worker-0"))
+                kubectl.run("delete", "pod", first["metadata"]["name"], "--namespace", namespace, "--wait=false")
+                deleted.append(time.monotonic())
+        time.sleep(0.5)
+
+
+def test_an_mpi_launcher_runs_only_while_its_whole_gang_does(sim):
+    """A worker of a running MPIJob deleted through the API server: on a real cluster mpirun loses that node and
+    ``launch`` reruns it once the operator's new worker answers, at most --restarts (3) times. Deleted once and kept
+    away 10 s (no new pod admitted), the launcher runs its time out only after its gang is whole again, so it ends
+    later by at least the time the gang was not whole; deleted four times, the launcher fails with mpirun's 205 and
+    the MPI Operator fails the MPIJob. On kwok's timer alone both launchers had succeeded beside a partial gang."""
+    config = load_stack("dev")
+    gangs = [Gang(team="nlp", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=30, arrival_s=0),
+             Gang(team="vision", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=60, arrival_s=0)]
+    kubectl, stop = sim.kubectl(), threading.Event()
+    for team in ("nlp", "vision"):  # the jobs of this module's other replays: the same names
+        kubectl.run("delete", "mpijobs,jobs.batch.volcano.sh,pytorchjobs", "--all", "--namespace",
+                    config.team(team).namespace, "--wait=true", timeout=180)
+    faults = {"nlp": {}, "vision": {}}
+    threads = [threading.Thread(target=_delete_workers, args=(kubectl, config.team(team).namespace, name, times, away_s,
+                                                              faults[team], stop), daemon=True)
+               for team, name, times, away_s in (("nlp", "nlp-0000", 1, 10), ("vision", "vision-0001", 4, 0))]
+    for thread in threads:
+        thread.start()
+    try:
+        report = run(sim, config, gangs, 1.0, print, max_wall_s=400)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    print(json.dumps(faults, indent=1))
+    assert (report["admitted"], report["unexplained"], report["failed"]) == (2, 0, 1), report
+    nlp = faults["nlp"]
+    assert len(nlp["deleted"]) == len(nlp["whole_again"]) == 1, nlp
+    not_whole = nlp["whole_again"][0] - nlp["deleted"][0]
+    assert not_whole >= 10, nlp
+    assert nlp["launcher_ended"] - nlp["launcher_running"] >= 30 + not_whole - 2, nlp
+    [launcher] = _pods(kubectl, config.team("nlp").namespace, "nlp-0000", "launcher")
+    assert launcher["status"]["phase"] == "Succeeded"
+    vision = faults["vision"]
+    assert len(vision["deleted"]) == 4 and vision["launcher_ended"] - vision["launcher_running"] < 60, vision
+    mpijob = kubectl.get("mpijobs", "vision-0001", namespace=config.team("vision").namespace)
+    assert any(c["type"] == "Failed" and c["status"] == "True" for c in mpijob["status"]["conditions"]), mpijob
+    [launcher] = _pods(kubectl, config.team("vision").namespace, "vision-0001", "launcher")
+    [state] = [c["state"]["terminated"] for c in launcher["status"]["containerStatuses"]]
+    assert state["exitCode"] == 205 and "launch gave up after 3 reruns" in state["message"], state
