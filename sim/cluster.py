@@ -78,6 +78,9 @@ class Sim:
     def up(self, say: Callable[[str], None] = print) -> Path:
         """Build what is missing, start the cluster unless it runs; returns the kubeconfig."""
         self._refuse_foreign()
+        if self.real_nodes and (holder := realnode.gateway_holder(realnode.bridge_name(self.state))):
+            raise RuntimeError(f"another simulated cluster with real nodes runs (its bridge {holder} holds "
+                               f"{realnode.GATEWAY}): stop it with `gpuyard sim down` before starting this one")
         config = load_stack(self.stack)
         bins = build_all(config.cluster.kubernetes_version, say)
         if self.monitoring:

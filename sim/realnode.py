@@ -62,6 +62,14 @@ def bridge_name(state: Path) -> str:
     return "gysim" + hashlib.sha256(str(state).encode()).hexdigest()[:8]
 
 
+def gateway_holder(own: str) -> str | None:
+    """The link other than ``own`` with GATEWAY on it (another real-node cluster's bridge), if any: two such clusters
+    would route the same pod network and cluster DNS address (coredns.ADDRESS) on two bridges."""
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=True, capture_output=True, text=True).stdout
+    return next((fields[1] for fields in map(str.split, listing.splitlines())
+                 if f"{GATEWAY}/16" in fields and fields[1] != own), None)
+
+
 def _own_cgroup() -> str:
     """This process's cgroup path in the memory hierarchy (the one the machine nests us in)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():

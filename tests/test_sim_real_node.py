@@ -55,6 +55,16 @@ def test_the_real_node_is_a_kubelet_with_containerd_shaped_like_its_pool(sim):
     assert [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"] == ["10.244.255.1"]
 
 
+def test_a_second_cluster_with_real_nodes_is_refused_before_anything_is_made(sim, tmp_path):
+    """Both would put the pod network's gateway and the cluster DNS address on a bridge of their own."""
+    from gpuyard.sim.cluster import Sim
+
+    other = tmp_path / "other"
+    with pytest.raises(RuntimeError, match=f"its bridge {realnode.bridge_name(sim.state)} holds {realnode.GATEWAY}"):
+        Sim(STACK, other, real_nodes=1).up(print)
+    assert not other.exists()
+
+
 def test_status_names_the_sims_s3_endpoint_on_the_bridge_holding_the_stacks_bucket(sim):
     """`gpuyard sim status --json`'s ``s3_endpoint``: where pods reach the stack's bucket (sim/s3.py)."""
     assert sim.status()["s3_endpoint"] == f"http://{realnode.GATEWAY}:443"
