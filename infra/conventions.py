@@ -183,6 +183,9 @@ EXIT_NONFINITE = 1
 EXIT_CONFLICT = 2
 EXIT_RETRYABLE = 143
 FINAL_EXIT_CODES = (EXIT_NONFINITE, EXIT_CONFLICT)
+# What an MPI launcher writes (its pod's log) each time it reruns mpirun after a retryable status
+# (gpuyard.jobs.workload.launch), which `gpuyard status` counts as a restart
+LAUNCH_RERUN = "retryable: running it again"
 # How often a job is rerun after a retryable exit, unless a template says otherwise (the TrainJob API has none: its
 # team's TrainingRuntime carries this one).
 DEFAULT_MAX_RESTARTS = 3

@@ -806,8 +806,8 @@ class OwnKind:
 
 
 OWN_KINDS = {"trainjob": OwnKind("own_image", "0.9", 2, "rank 1", "all", 1),
-             # the launcher reruns mpirun in its pod: in its log, not in the MPIJob's status
-             "mpijob": OwnKind("own_mpi_image", "0.45", 3, "worker-1", "one", 0),
+             # the launcher reruns mpirun in its pod: the MPIJob's status has no failure, `status` counts its log's rerun
+             "mpijob": OwnKind("own_mpi_image", "0.45", 3, "worker-1", "one", 1),
              "volcanojob": OwnKind("own_mpi_image", "0.45", 3, "mpiworker-1", "all", 1)}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuyard.infra.config import StackConfig, Team
-from gpuyard.infra.conventions import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_TEAM, PART_OF
+from gpuyard.infra.conventions import LABEL_COMPONENT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_TEAM, LAUNCH_RERUN, PART_OF
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.queues import queue_state
 from gpuyard.sim.submit import GROUP_ANNOTATION, JOB_RESOURCES, job_phase
@@ -143,13 +143,13 @@ class Jobs:
             "gang": {"podgroup": gang["metadata"]["name"], "phase": (gang.get("status") or {}).get("phase", "Pending"),
                      "min_member": gang["spec"].get("minMember", 1)} if gang else None,
             "pods": len(pods), "bound": sum(1 for pod in pods if pod["spec"].get("nodeName")),
-            "restarts": self.restarts(job) + sum(status.get("restartCount", 0) for pod in pods
+            "restarts": self.restarts(job, pods) + sum(status.get("restartCount", 0) for pod in pods
                                                  for status in (pod.get("status") or {}).get("containerStatuses", [])),
             "waiting": list(dict.fromkeys(waiting)),
             "ahead": self._ahead(gang),
         }
 
-    def restarts(self, job: dict[str, Any]) -> int:
+    def restarts(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> int:
         """How often the job's operator started it, or a part of it, again after a failure, as each kind records it:
         - PyTorchJob: the operator deletes a failed pod it will retry and records a ``PyTorchJobRestarting`` event
           "job NAME is restarting because TYPE replica(s) failed." (kubeflow/training-operator v1.9.4
@@ -158,8 +158,8 @@ class Jobs:
           replica unless the policy is Never, a final exit code's too ("PyTorchJob NAME is restarting because N TYPE
           replica(s) failed.", pkg/controller.v1/pytorch/pytorchjob_controller.go UpdateJobStatus): not counted;
         - MPIJob: the launcher Job's failed pods (kubeflow/mpi-operator v0.8.0 pkg/controller/mpi_job_controller.go
-          updateMPIJobStatus: ``launcherStatus.Failed = launcher.Status.Failed``); the launcher's own reruns of
-          mpirun (gpuyard.jobs.workload.launch) are in its log only;
+          updateMPIJobStatus: ``launcherStatus.Failed = launcher.Status.Failed``), plus the launcher's own reruns of
+          mpirun after a lost or stopped rank (gpuyard.jobs.workload.launch), which only its pod's log records;
         - Volcano Job: ``status.retryCount`` (volcano.sh/apis v1.14.0 pkg/apis/batch/v1alpha1/job.go), one a
           ``RestartJob`` (volcano.sh/volcano v1.14.1 pkg/controllers/job/state/running.go);
         - TrainJob: its JobSet's ``status.restarts`` (sigs.k8s.io/jobset v0.12.0 api/jobset/v1alpha2/
@@ -176,7 +176,7 @@ class Jobs:
                        if event["involvedObject"].get("uid") == uid and event.get("reason") == "PyTorchJobRestarting"
                        and event.get("message", "").startswith(restarted))
         if job["kind"] == "MPIJob":
-            return (status.get("replicaStatuses") or {}).get("Launcher", {}).get("failed", 0)
+            return (status.get("replicaStatuses") or {}).get("Launcher", {}).get("failed", 0) + self._reruns(pods)
         if job["kind"] == "Job":
             return status.get("retryCount", 0)
         if job["kind"] == "TrainJob":
@@ -186,6 +186,18 @@ class Jobs:
                 return 0
             return (jobset.get("status") or {}).get("restarts", 0)
         return status.get("failed", 0)  # RayJob
+
+    def _reruns(self, pods: list[dict[str, Any]]) -> int:
+        """The launcher pods' reruns of mpirun, from their logs (none where the log cannot be read: a kwok node's)."""
+        reruns = 0
+        for pod in pods:
+            if pod["metadata"].get("labels", {}).get(LABEL_COMPONENT) != "launcher":
+                continue
+            try:
+                reruns += self.kubectl.run("logs", pod["metadata"]["name"], "-n", self.team.namespace).count(LAUNCH_RERUN)
+            except KubectlError:
+                pass
+        return reruns
 
     def _ahead(self, gang: dict[str, Any] | None) -> int | None:
         """Gangs waiting in the queue before this one (None unless it waits)."""

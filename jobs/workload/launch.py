@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 
-from gpuyard.infra.conventions import EXIT_RETRYABLE
+from gpuyard.infra.conventions import EXIT_RETRYABLE, LAUNCH_RERUN
 from gpuyard.jobs.workload.args import TRAIN_MODULE
 
 # The trainer's stop request other than SIGTERM (gpuyard.jobs.workload.interrupt.STOP_SIGNALS), which mpirun forwards
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> None:
             raise SystemExit(EXIT_RETRYABLE)
         if code < 128 or attempt == options.restarts:
             raise SystemExit(code)
-        sys.stderr.write(f"launch: exit {code}, retryable: running it again ({attempt + 1} of {options.restarts})\n")
+        sys.stderr.write(f"launch: exit {code}, {LAUNCH_RERUN} ({attempt + 1} of {options.restarts})\n")
         if not wait_for(hosts, options.wait_seconds):
             raise SystemExit(code)
 
