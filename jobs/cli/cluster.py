@@ -143,8 +143,9 @@ class Jobs:
             "gang": {"podgroup": gang["metadata"]["name"], "phase": (gang.get("status") or {}).get("phase", "Pending"),
                      "min_member": gang["spec"].get("minMember", 1)} if gang else None,
             "pods": len(pods), "bound": sum(1 for pod in pods if pod["spec"].get("nodeName")),
-            "restarts": self.restarts(job, pods) + sum(status.get("restartCount", 0) for pod in pods
-                                                 for status in (pod.get("status") or {}).get("containerStatuses", [])),
+            "restarts": self.restarts(job, pods) + sum(
+                status.get("restartCount", 0) for pod in pods
+                for status in (pod.get("status") or {}).get("containerStatuses", [])),
             "waiting": list(dict.fromkeys(waiting)),
             "ahead": self._ahead(gang),
         }
@@ -194,9 +195,10 @@ class Jobs:
             if pod["metadata"].get("labels", {}).get(LABEL_COMPONENT) != "launcher":
                 continue
             try:
-                reruns += self.kubectl.run("logs", pod["metadata"]["name"], "-n", self.team.namespace).count(LAUNCH_RERUN)
+                log = self.kubectl.run("logs", pod["metadata"]["name"], "-n", self.team.namespace)
             except KubectlError:
-                pass
+                continue
+            reruns += log.count(LAUNCH_RERUN)
         return reruns
 
     def _ahead(self, gang: dict[str, Any] | None) -> int | None:
