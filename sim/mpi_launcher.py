@@ -64,11 +64,13 @@ def _running(pod: dict[str, Any], kind: str) -> bool:
 
 class Launchers:
     """The launchers of the replayed MPIJobs ``workers`` (job name -> its number of workers): fed every pod event
-    (``on_pod``), acting on the cluster at each ``tick``."""
+    (``on_pod``), acting on the cluster at each ``tick``. A worker lost from a whole gang is counted when its event
+    comes, so a worker deleted and back between two ticks still cost mpirun its run."""
 
     def __init__(self, kubectl: Kubectl, workers: dict[str, int]):
         self.kubectl, self.workers = kubectl, workers
         self.running_workers: dict[str, set[str]] = {}  # job -> uids of its workers running now
+        self.losses: dict[str, tuple[int, float]] = {}  # job -> workers lost from its whole gang, the first one's time
         self.runs: dict[str, Run] = {}  # launcher pod uid -> its run
         self.lock = threading.Lock()
 
@@ -82,7 +84,11 @@ class Launchers:
         with self.lock:
             if labels.get(LABEL_COMPONENT) == "worker":
                 workers = self.running_workers.setdefault(job, set())
+                was_whole = len(workers) >= self.workers[job]
                 (workers.add if running else workers.discard)(meta["uid"])
+                if was_whole and len(workers) < self.workers[job] and self._active(job):
+                    count, first = self.losses.get(job, (0, now))
+                    self.losses[job] = (count + 1, first)
                 return
             run = self.runs.get(meta["uid"])
             if run is None and running:
@@ -92,25 +98,34 @@ class Launchers:
             elif run is not None and not running:
                 run.ended = True
 
+    def _active(self, job: str) -> bool:
+        """A launcher of ``job`` runs mpirun now (not ended, not waiting for its workers)."""
+        return any(r.job == job and not r.ended and not r.paused for r in self.runs.values())
+
     def tick(self, now: float) -> None:
-        """Pause the run of each launcher whose gang lost a worker (or fail it, past its reruns); resume those whose
-        workers are all back."""
+        """Count the workers each running launcher lost (failing it past its reruns); pause the launchers whose gang
+        is not whole, resume those whose workers are all back."""
         with self.lock:
             changes = []
             for run in self.runs.values():
                 if run.ended:
                     continue
+                lost, first = self.losses.pop(run.job, (0, now))
                 whole = len(self.running_workers.get(run.job, ())) >= self.workers[run.job]
-                if not whole and not run.paused:
-                    run.done_s += now - run.started
-                    if run.reruns == run.restarts:
+                if lost and not run.paused:
+                    run.done_s += max(first - run.started, 0.0)
+                    if run.reruns + lost > run.restarts:
                         run.ended = True
-                        changes.append((run, self._failure(run)))
+                        changes.append((run, self._failure(run, run.reruns + lost)))
                         continue
-                    run.reruns += 1
+                    run.reruns += lost
+                if (lost or not whole) and not run.paused:
+                    if not lost:  # the gang is not whole: launch waits for every worker's sshd before mpirun
+                        run.done_s += now - run.started
                     run.paused = True
-                    changes.append((run, {"annotations": {ANNOTATION_RUNS_FOR: PAUSED}}))
-                elif whole and run.paused:
+                    if not whole:
+                        changes.append((run, {"annotations": {ANNOTATION_RUNS_FOR: PAUSED}}))
+                if whole and run.paused:  # mpirun (again) for what is left: kwok replays the stage with it
                     run.started, run.paused = now, False
                     left = max(run.duration_s - run.done_s, 0.001)
                     changes.append((run, {"annotations": {ANNOTATION_RUNS_FOR: f"{left:.3f}s"}}))
@@ -122,8 +137,8 @@ class Launchers:
                 pass  # the pod is gone: its operator ended it meanwhile
 
     @staticmethod
-    def _failure(run: Run) -> dict[str, Any]:
-        message = f"mpirun lost a worker {run.reruns + 1} times; launch gave up after {run.restarts} reruns"
+    def _failure(run: Run, losses: int) -> dict[str, Any]:
+        message = f"mpirun lost a worker {losses} times; launch gave up after {run.restarts} reruns"
         return {"labels": {FAILS: "true"},
                 "annotations": {f"{FAILS}/exit-code": str(LOST_NODE_EXIT), f"{FAILS}/reason": "Error",
                                 f"{FAILS}/message": message, f"{FAILS}/delay": "0s"}}

@@ -199,9 +199,14 @@ def test_an_mpi_launcher_runs_only_while_its_whole_gang_does(sim):
     gangs = [Gang(team="nlp", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=30, arrival_s=0),
              Gang(team="vision", kind="mpijob", nodes=2, gpus_per_node=1, duration_s=60, arrival_s=0)]
     kubectl, stop = sim.kubectl(), threading.Event()
-    for team in ("nlp", "vision"):  # the jobs of this module's other replays: the same names
+    for team in ("nlp", "vision"):  # the jobs of this module's other replays: the same names, and their pods with them
         kubectl.run("delete", "mpijobs,jobs.batch.volcano.sh,pytorchjobs", "--all", "--namespace",
-                    config.team(team).namespace, "--wait=true", timeout=180)
+                    config.team(team).namespace, "--cascade=foreground", "--wait=true", timeout=180)
+    deadline = time.monotonic() + 120
+    while any(_pods(kubectl, config.team(team).namespace, name, component)
+              for team, name in (("nlp", "nlp-0000"), ("vision", "vision-0001")) for component in ("launcher", "worker")):
+        assert time.monotonic() < deadline, "the module's earlier pods of the same jobs are still there"
+        time.sleep(1)
     faults = {"nlp": {}, "vision": {}}
     threads = [threading.Thread(target=_delete_workers, args=(kubectl, config.team(team).namespace, name, times, away_s,
                                                               faults[team], stop), daemon=True)
