@@ -17,17 +17,30 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gpuyard.infra import operators
+from gpuyard.infra.tenancy import KUBERAY_NAMESPACE
 from gpuyard.jobs.workload.storage import folder_locked
+from gpuyard.sim import kuberay, realnode
 from gpuyard.sim.certs import Pki
 from gpuyard.sim.kube import Kubectl
 from gpuyard.sim.paths import claim, claimed_by
 from gpuyard.sim.processes import Supervisor, free_port
+from gpuyard.sim.registry import Registry
 from gpuyard.sim.upstream import documents, documents_in, module_dir
 from gpuyard.sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
 
 WEBHOOK_READY_SECONDS = 60
 LOCAL = "127.0.0.1"
 OUTSIDE = "outside.json"  # folders an upstream binary hard-codes outside the state folder, removed by `down`
+
+
+@dataclass(frozen=True)
+class RealNodes:
+    """What an operator that runs in a pod needs: the registry its image goes to, the real node it runs on and the
+    API server's loopback port, which sim/relay.py serves on the bridge."""
+
+    registry: Registry
+    node: str
+    api_port: int
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,7 @@ class Context:
     kubectl: Kubectl
     supervisor: Supervisor
     pytorch_init_image: str | None = None  # real nodes: the sim's busybox image (sim/pause.py) for upstream's alpine
-    cluster_dns: str | None = None  # real nodes: CoreDNS's address (sim/coredns.py), where KubeRay's proxy resolves heads
+    real: RealNodes | None = None  # where operators that run as pods go (KubeRay, sim/kuberay.py)
     mpi_operator: bool = True  # False: the MPIJob CRD only (Sim.mpi_operator)
 
     def binary(self, component: str, name: str) -> str:
@@ -341,26 +354,42 @@ def start_trainer(context: Context) -> None:
 
 # KubeRay (v1.6.0, see sim/versions.py): CRDs from ray-operator/config/crd/bases; flags as the stack's chart sets
 # them (infra/operators.py KUBERAY_OPERATOR_ARGS); the chart enables no webhooks by default (ENABLE_WEBHOOKS unset).
-# Its requests to the heads' dashboards go through HTTP_PROXY: with real nodes to sim/ray_proxy.py, which forwards
-# them to the real heads; on kwok nodes only (no head runs) to sim/ray_head.py, which never reports a success. The
-# API server is on a loopback address, which Go never proxies.
+# With real nodes it runs as a pod (sim/kuberay.py) and reaches the real heads' dashboards as on EKS; on kwok nodes
+# only it runs beside the cluster with HTTP_PROXY set to sim/ray_head.py, which never reports a success (no head
+# runs there). The API server is on a loopback address, which Go never proxies.
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
+API_RELAY_PORT = 6443  # on the bridge's own address: one cluster with real nodes at a time holds it (Sim.up)
+KUBERAY_READY_SECONDS = 180  # the image's pull from the sim's registry and the operator's start
 
 
 def start_kuberay(context: Context) -> None:
-    crds = list(documents_in(module_dir("kuberay", KUBERAY_MODULE) / "config" / "crd" / "bases"))
+    module = module_dir("kuberay", KUBERAY_MODULE)
+    crds = list(documents_in(module / "config" / "crd" / "bases"))
     context.kubectl.apply(crds)
     wait_crds(context.kubectl, crds)
+    if context.real:
+        return _start_kuberay_in_a_pod(context, context.real, module)
     heads = free_port()
-    proxy = (["gpuyard.sim.ray_proxy", f"--dns={context.cluster_dns}"] if context.cluster_dns
-             else ["gpuyard.sim.ray_head"])
-    context.supervisor.start("ray-heads", [sys.executable, "-m", *proxy, f"--port={heads}"])
+    context.supervisor.start("ray-heads", [sys.executable, "-m", "gpuyard.sim.ray_head", f"--port={heads}"])
     wait_listening(heads, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("ray-heads"))
     context.supervisor.start("kuberay-operator", [
         context.binary("kuberay", "ray-operator"), *operators.KUBERAY_OPERATOR_ARGS, f"--kubeconfig={context.kubeconfig}",
         f"--metrics-addr={LOCAL}:{free_port()}", f"--health-probe-bind-address={LOCAL}:{free_port()}",
         "--enable-leader-election=false",
     ], env={"HTTP_PROXY": f"http://{LOCAL}:{heads}", "NO_PROXY": f"{LOCAL},localhost"})
+
+
+def _start_kuberay_in_a_pod(context: Context, real: RealNodes, module: Path) -> None:
+    context.supervisor.start("apiserver-relay", [
+        sys.executable, "-m", "gpuyard.sim.relay", f"--listen={realnode.GATEWAY}:{API_RELAY_PORT}",
+        f"--to={LOCAL}:{real.api_port}"])
+    wait_listening(API_RELAY_PORT, WEBHOOK_READY_SECONDS, lambda: context.supervisor.check("apiserver-relay"),
+                   host=realnode.GATEWAY)
+    image = kuberay.push(real.registry, context.bins["kuberay"] / "ray-operator")
+    context.kubectl.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBERAY_NAMESPACE}}])
+    context.kubectl.apply(kuberay.manifests(module, image, real.node, (realnode.GATEWAY, API_RELAY_PORT)))
+    context.kubectl.run("rollout", "status", f"deployment/{kuberay.NAME}", "--namespace", KUBERAY_NAMESPACE,
+                        f"--timeout={KUBERAY_READY_SECONDS}s", timeout=KUBERAY_READY_SECONDS + 30)
 
 
 STARTS = {"volcano": start_volcano, "mpi-operator": start_mpi_operator, "training-operator": start_training_operator,

@@ -94,10 +94,12 @@ def _write_cert(path: Path, certificate: x509.Certificate) -> None:
     path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
 
 
-def create(directory: Path, dns_names: tuple[str, ...] = (), ca_names: tuple[str, ...] = ()) -> Pki:
+def create(directory: Path, dns_names: tuple[str, ...] = (), ca_names: tuple[str, ...] = (),
+           ip_addresses: tuple[str, ...] = ()) -> Pki:
     """A fresh CA and the certificates signed by it (idempotent: an existing ``pki/`` is kept); the serving
-    certificate is also valid for ``dns_names`` (the in-cluster Service names operators check their certificate for),
-    the CA for ``ca_names`` (cert-controller checks a CA it reuses against the CA name it would give its own)."""
+    certificate is also valid for ``dns_names`` (the in-cluster Service names operators check their certificate for)
+    and ``ip_addresses`` (where pods reach the API server), the CA for ``ca_names`` (cert-controller checks a CA it
+    reuses against the CA name it would give its own)."""
     pki = Pki(directory)
     if pki.service_account_pub.is_file():
         return pki
@@ -107,7 +109,7 @@ def create(directory: Path, dns_names: tuple[str, ...] = (), ca_names: tuple[str
     ca_sans = [x509.DNSName(name) for name in ("gpuyard-sim-ca", *ca_names)]
     _write_cert(pki.ca, _certificate(ca_name, ca_key, ca_name, ca_key, ca=True, sans=ca_sans))
     serving_key = _key()
-    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost"),
+    sans = [*(x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", *ip_addresses)), x509.DNSName("localhost"),
             *(x509.DNSName(name) for name in ("kubernetes.default.svc", *dns_names))]
     _write_key(pki.serving_key, serving_key)
     _write_cert(pki.serving_cert, _certificate(_name("127.0.0.1"), serving_key, ca_name, ca_key, ca=False,

@@ -135,7 +135,9 @@ class Sim:
             say(f"starting the S3 and STS endpoint on {realnode.GATEWAY}:{s3.PORT} with {config.checkpoint_bucket}")
             endpoint = s3.start(self.supervisor, realnode.GATEWAY, config)
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
-                                 pytorch_init_image=busybox, cluster_dns=coredns.ADDRESS if real else None,
+                                 pytorch_init_image=busybox,
+                                 real=addons.RealNodes(images, real[-1]["metadata"]["name"], control.ports()["apiserver"])
+                                 if real else None,
                                  mpi_operator=self.mpi_operator)
         for name, start in addons.STARTS.items():
             if name in bins:

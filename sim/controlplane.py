@@ -21,6 +21,8 @@ from gpuyard.sim.processes import Supervisor, free_port
 
 PORTS = "ports.json"
 SERVICE_CIDR = "10.96.0.0/12"
+# the real nodes' bridge (sim/realnode.py), where sim/relay.py serves the API server to pods: in its certificate
+BRIDGE_ADDRESS = "10.244.0.1"
 READY_TIMEOUT_SECONDS = 60
 
 
@@ -70,7 +72,7 @@ class ControlPlane:
         ``kubelets`` (real nodes) the API server reaches kubelets at their InternalIP with the admin's certificate
         (logs, exec)."""
         self.state.mkdir(parents=True, exist_ok=True)
-        pki = certs.create(self.state / "pki", webhook_services, ca_names)
+        pki = certs.create(self.state / "pki", webhook_services, ca_names, (BRIDGE_ADDRESS,) if kubelets else ())
         names = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
         ports = {name: free_port() for name in names}
         (self.state / PORTS).write_text(json.dumps(ports, indent=1) + "\n")

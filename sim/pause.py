@@ -12,12 +12,9 @@ runs its nslookup applet for a bare `nslookup`, whatever /bin holds.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import subprocess
 import tarfile
-import urllib.request
 from pathlib import Path
 
 from gpuyard.sim.paths import built, cache_root
@@ -84,43 +81,6 @@ def _add_executable(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(member, io.BytesIO(data))
 
 
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _push_blob(registry: Registry, data: bytes) -> dict:
-    """The OCI distribution spec's monolithic upload (POST, then PUT with the digest)."""
-    digest = _digest(data)
-    start = urllib.request.Request(f"http://{registry.address}/v2/{REPOSITORY}/blobs/uploads/", method="POST")
-    with urllib.request.urlopen(start, timeout=30) as response:
-        location = response.headers["Location"]
-    if location.startswith("/"):
-        location = f"http://{registry.address}{location}"
-    separator = "&" if "?" in location else "?"
-    upload = urllib.request.Request(f"{location}{separator}digest={digest}", data=data, method="PUT",
-                                    headers={"Content-Type": "application/octet-stream"})
-    urllib.request.urlopen(upload, timeout=60).close()
-    return {"digest": digest, "size": len(data)}
-
-
 def push(registry: Registry) -> str:
-    """Push the pause image (unless its tag is there); returns its reference."""
-    layer = _layer(_busybox(), _shell())
-    tag = "in-" + hashlib.sha256(layer).hexdigest()[:20]
-    reference = f"{registry.address}/{REPOSITORY}:{tag}"
-    if registry.manifest(REPOSITORY, tag) is not None:
-        return reference
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux", "config": {"Entrypoint": ENTRYPOINT},
-        "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
-    }).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **_push_blob(registry, config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **_push_blob(registry, layer)}],
-    }).encode()
-    request = urllib.request.Request(f"http://{registry.address}/v2/{REPOSITORY}/manifests/{tag}", data=manifest,
-                                     method="PUT",
-                                     headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
-    urllib.request.urlopen(request, timeout=30).close()
-    return reference
+    """Push the pause image (unless it is there); returns its reference."""
+    return registry.push(REPOSITORY, _layer(_busybox(), _shell()), {"Entrypoint": ENTRYPOINT})

@@ -38,7 +38,7 @@ import yaml
 
 from gpuyard.infra.conventions import LABEL_CAPACITY_TYPE, LABEL_NODEPOOL, NODEPOOL_CPU
 from gpuyard.sim import certs, coredns
-from gpuyard.sim.controlplane import SERVICE_CIDR
+from gpuyard.sim.controlplane import BRIDGE_ADDRESS, SERVICE_CIDR
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.nodes import SHAPES
 from gpuyard.sim.processes import Supervisor, free_port
@@ -46,7 +46,7 @@ from gpuyard.sim.registry import storage_dir
 
 RECORD = "real-nodes.json"
 POD_NETWORK = "10.244.0.0/16"
-GATEWAY = "10.244.0.1"  # the bridge's own address
+GATEWAY = BRIDGE_ADDRESS  # the bridge's own address
 CGROUPS = Path("/sys/fs/cgroup")
 RUN = "/run/gpuyard"  # in a node's mount namespace (a tmpfs): containerd's socket and state
 # The values the kubelet wants (k8s.io/component-helpers/node/util/sysctl, used by setupKernelTunables)

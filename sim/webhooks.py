@@ -24,15 +24,15 @@ def served_locally(configuration: dict[str, Any], port: int, ca: Path) -> dict[s
     return local
 
 
-def wait_listening(port: int, timeout: float, check=lambda: None) -> None:
-    """Wait until something accepts connections on 127.0.0.1:``port``; ``check`` raises if its server died."""
+def wait_listening(port: int, timeout: float, check=lambda: None, host: str = "127.0.0.1") -> None:
+    """Wait until something accepts connections on ``host``:``port``; ``check`` raises if its server died."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 return
         except OSError:
             check()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s") from None
+                raise RuntimeError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
             time.sleep(0.3)

@@ -2,7 +2,7 @@
 
 KubeRay creates the RayCluster (a head and 2 workers) on the real CPU node, waits for the real head's dashboard,
 creates the K8sJobMode submitter from the rendered template, which the team namespace's `restricted` Pod Security
-admits, and follows the Ray job through the head's dashboard (sim/ray_proxy.py forwards, never answers); the RayJob
+admits, and follows the Ray job through the head's dashboard from its own pod (sim/kuberay.py); the RayJob
 Succeeds because the Ray job did, and the trainer's checkpoints are in the team's prefix of the bucket. One that
 diverges (exit 1) fails the RayJob with no other attempt; a user's own script runs unchanged as a RayJob, and with a
 worker deleted mid-run it stops, saves and resumes to the bits of an uninterrupted run.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpuyard.infra.config import StackConfig, load_stack
-from gpuyard.infra.tenancy import PSS_LABEL
+from gpuyard.infra.tenancy import KUBERAY_NAMESPACE, PSS_LABEL
 from gpuyard.jobs.spec import checkpoint_uri, trainer_args
 from gpuyard.jobs.workload.args import RAY_MODULE, TrainArgs
 from gpuyard.jobs.workload.checkpoint import Checkpointer, manifest_name, step_of
@@ -44,7 +44,8 @@ pytestmark = [
 ]
 STACK = "dev"
 TEAM, NAMESPACE = "vision", "team-vision"
-JOB, DIVERGED = "ray", "ray-diverged"
+JOB, DIVERGED, UNREACHED = "ray", "ray-diverged", "ray-unreached"
+KUBERAY_POLICY = "allow-kuberay-operator"  # infra/tenancy.py
 # 256 steps of the mlp, a checkpoint every 64 (the preempted run is the user's script's, with its own steps)
 EPOCHS, DATASET_SIZE, SAVE_EVERY_STEPS, WORKERS = 2, 8192, 64, 2
 STEPS = EPOCHS * DATASET_SIZE // (32 * WORKERS)  # the template's --batch_size 32 a rank
@@ -201,6 +202,66 @@ def test_a_trainer_exiting_1_fails_the_rayjob_and_nothing_runs_it_again(rays):
     submitters = _component(_pods(rays.kubectl, DIVERGED), "submitter")
     logs = "".join(rays.kubectl.run("logs", pod["metadata"]["name"], "-n", NAMESPACE) for pod in submitters)
     assert _events(logs, "nonfinite") and "running the trainer again" not in logs, logs[-3000:]
+
+
+def _submitter_ended(rays: Rays, name: str) -> dict:
+    """Wait until the RayJob ``name``'s submitter pod ended (it follows the Ray job's logs to its end); the RayJob's
+    last status, which must never be Complete meanwhile."""
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while True:
+        status = rays.kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
+        assert status.get("jobDeploymentStatus") != "Complete", status
+        phases = {p["status"].get("phase") for p in _component(_pods(rays.kubectl, name), "submitter")}
+        if phases & {"Succeeded", "Failed"}:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(3)
+
+
+def _failed_asks(rays: Rays, operator: dict) -> list[str]:
+    """KubeRay's log lines saying it could not ask a head's dashboard about the RayJob UNREACHED."""
+    log = rays.kubectl.run("logs", operator["metadata"]["name"], "-n", KUBERAY_NAMESPACE)
+    return [line for line in log.splitlines() if "Failed to get job info" in line and f'"{UNREACHED}"' in line]
+
+
+def _touch(rays: Rays, value: str) -> None:
+    """A change to the RayJob UNREACHED: KubeRay reconciles it at once (its controller watches RayJobs with no
+    predicate: ray-operator v1.6.0 controllers/ray/rayjob_controller.go SetupWithManager)."""
+    rays.kubectl.run("label", "rayjob", UNREACHED, "-n", NAMESPACE, f"gpuyard-test/policy={value}", "--overwrite")
+
+
+def test_kuberay_runs_in_its_namespace_and_reaches_a_head_only_as_the_teams_network_policy_lets_it(rays):
+    """KubeRay's operator is a pod of the stack's KubeRay namespace on the real node (sim/kuberay.py), so the team's
+    default-deny ingress decides its requests to a head's dashboard as on EKS. With `allow-kuberay-operator` removed,
+    the Ray job still runs (the submitter, in the team's namespace, reaches the head) but KubeRay cannot ask the
+    dashboard for it and the RayJob stays Running after the job ended; with the policy back the same RayJob
+    completes as SUCCEEDED."""
+    [operator] = rays.kubectl.items("pods", KUBERAY_NAMESPACE, "app.kubernetes.io/component=kuberay-operator")
+    assert operator["status"]["phase"] == "Running" and operator["spec"]["nodeName"] == CPU_NODE, operator["status"]
+    policy = rays.kubectl.get("networkpolicy", KUBERAY_POLICY, NAMESPACE)
+    kept = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "spec": policy["spec"],
+            "metadata": {k: policy["metadata"][k] for k in ("name", "namespace", "labels", "annotations")
+                         if k in policy["metadata"]}}
+    rays.kubectl.run("delete", "networkpolicy", KUBERAY_POLICY, "-n", NAMESPACE)
+    try:
+        rays.submit(UNREACHED, rays.trainer_args(UNREACHED))
+        _submitter_ended(rays, UNREACHED)
+        _, logs = _submitter_logs(rays.kubectl, UNREACHED)
+        assert _events(logs, "done"), logs[-3000:]  # the Ray job ran to its end: the head's dashboard answers
+        before = _failed_asks(rays, operator)
+        _touch(rays, "unreached")  # KubeRay asks again now, not after its backoff from the failed asks
+        time.sleep(10)
+        after = _failed_asks(rays, operator)
+        assert len(after) > len(before) and ":8265/api/jobs/" in after[-1], after[-3:]
+        status = rays.kubectl.get("rayjob", UNREACHED, NAMESPACE)["status"]
+        assert status.get("jobDeploymentStatus") == "Running", status
+        assert status.get("jobStatus", "") not in ("SUCCEEDED", "FAILED", "STOPPED"), status
+    finally:
+        rays.kubectl.apply([kept])
+    _touch(rays, "restored")
+    ended = _ended(rays.kubectl, UNREACHED)
+    assert (ended.status.get("jobDeploymentStatus"), ended.status.get("jobStatus")) == ("Complete", "SUCCEEDED"), (
+        json.dumps(ended.status))
 
 
 # the README's own script (tests/own_script.py): steps, a checkpoint every so many
