@@ -14,7 +14,8 @@ For each total size (each rank holds half, as its own shard: what FSDP gives a r
   same number of raw bytes with boto3's managed multipart upload (``upload_fileobj``, its defaults), both ranks
   at once; ratio of MB/s (above 1: ours is faster). Wall time from a barrier to the last rank done.
 - ``restore_vs_boto3``: ``manager.load()`` (rank 0 chooses and checks the manifest, every rank reads its part into
-  its tensors) in a fresh process per rank, against each rank's ``download_fileobj`` of its raw bytes.
+  its tensors: each large tensor's bytes by boto3 ranged GETs, the rest through s3torchconnector) in a fresh process
+  per rank, against each rank's ``download_fileobj`` of its raw bytes.
 - ``blocked_fraction``: the time ``save`` holds the training thread (staging: a copy to host memory) over the
   whole save's time.
 - ``restore_rss_vs_shard``: a rank's peak RSS rise over the restore, from after its checkpoint manager (and S3
@@ -286,7 +287,8 @@ def main(argv: list[str]) -> None:
         report: dict = {label: {"skipped": reason} if (reason := unfit(size)) else measure(label, env)
                         for label, size in SIZES.items() if label in (labels or SIZES)}
     report["setup"] = {"world_size": 2, "launcher": "torchrun", "backend": "gloo", "endpoint": "moto_server" if args.server == "moto" else "s3s-fs 0.14.1",
-                       "transport": "s3torchconnector 1.5.0 (ours), boto3 upload_fileobj/download_fileobj (plain)",
+                       "transport": "ours: s3torchconnector 1.5.0 (saves, archive headers), boto3 ranged GETs into the tensors "
+                                    "(restores); plain: boto3 upload_fileobj/download_fileobj",
                        "tensor_bytes": TENSOR_BYTES, "save_pairs": SAVE_PAIRS,
                        "restore_baseline_best_of": REPEATS, "cpus": os.cpu_count()}
     sys.stdout.write(json.dumps(report, indent=2) + "\n")

@@ -6,7 +6,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from gpuyard.jobs.workload.engine import storage_reader, storage_writer
-from gpuyard.jobs.workload.s3_dcp import LARGE_TENSOR
+from gpuyard.jobs.workload.s3_dcp import LARGE_TENSOR, READ_WINDOW
 from gpuyard.jobs.workload.storage import S3Storage
 from workload_launch import FaultyProxy
 
@@ -43,3 +43,26 @@ def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_
     assert torch.equal(targets["widened"], saved["widened"].double())
     assert torch.equal(targets["small"], saved["small"])
     assert targets["step"] == 7
+
+
+def test_a_large_tensors_ranged_get_answered_500_is_retried_and_the_restore_is_bitwise(local_aws, monkeypatch):
+    """A large tensor is read in ranged GETs of READ_WINDOW, several at a time (S3Storage.read_into): the endpoint
+    answers one of them with a 500, which is retried, and the tensor restores bitwise in place."""
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    storage, checkpoint_id = S3Storage("ckpt", "run"), "s3://ckpt/run/ckpt-000000001"
+    large = 3 * READ_WINDOW // 4 + 1024  # float32 elements: 3 windows and a bit
+    saved = {"large": torch.rand(large, generator=torch.Generator().manual_seed(6))}
+    dcp.save(saved, checkpoint_id=checkpoint_id, storage_writer=storage_writer(storage, 0), no_dist=True)
+
+    proxy = FaultyProxy(local_aws.port)
+    proxy.fail(b"Boto3/", nth=2, status=500, code="InternalError")  # the reader's own client: its ranged GETs only
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+    targets = {"large": torch.zeros(large)}
+    given = targets["large"]
+    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(storage, 0), no_dist=True)
+    proxy.close()
+
+    assert proxy.failed_request is not None and b"range: bytes=" in proxy.failed_request.lower()
+    ranged = [line for line, _ in proxy.requests if line.startswith("GET /ckpt/run/ckpt-000000001/")]
+    assert len(ranged) >= 5, proxy.requests  # 4 windows and the retried one (and the connector's header reads)
+    assert targets["large"] is given and torch.equal(given, saved["large"])

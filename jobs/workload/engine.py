@@ -126,7 +126,9 @@ def storage_reader(storage: Storage, rank: int):
         from gpuyard.jobs.workload.s3_dcp import S3ShardReader, s3_client
 
         region, client = s3_client(rank)
-        return S3ShardReader(region, storage.uri, client)
+        # a client of its own, made now: the endpoint and credentials the connector's client was just given
+        ranged = S3Storage(storage.bucket, storage.prefix, user_agent=f"gpuyard-rank/{rank}")
+        return S3ShardReader(region, storage.uri, client, ranged)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemReader(storage.root)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")

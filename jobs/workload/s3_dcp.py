@@ -1,6 +1,7 @@
 """The S3 Connector for PyTorch's DCP writer and reader (s3torchconnector 1.5.0 ``dcp/s3_file_system.py``, torch
 2.13.0), subclassed where a sharded checkpoint needs more of them: a save that fails when any upload failed, and a
-restore that reads each large tensor's bytes straight into the tensor it restores, with bounded buffering.
+restore that reads each large tensor's bytes straight into the tensor it restores, as boto3's managed download
+reads an object (ranged GETs in parallel), holding no more than a chunk per GET besides the tensors.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import torch
+from boto3.s3.transfer import TransferConfig
 from s3torchconnector import S3ClientConfig, S3ReaderConstructor
 from s3torchconnector._s3client import S3Client
 from s3torchconnector._user_agent import UserAgent
@@ -19,6 +21,8 @@ from torch.distributed._shard._utils import narrow_tensor_by_index  # as DCP's f
 from torch.distributed.checkpoint.filesystem import _write_files_from_queue
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future  # what DCP waits on (torch 2.13.0 filesystem.py), not concurrent.futures'
+
+from gpuyard.jobs.workload.storage import S3Storage
 
 # Tensors larger than this are read into their targets; one of at most this size takes DCP's own path and is held
 # twice at most (torch.load's copy, then the copy into its target).
@@ -32,10 +36,13 @@ READ_BUFFER = 2**20
 # A large tensor's archive headers (torch.save's zip: data.pkl first, the central directory last) are read through
 # a buffer this small, so reading them does not fetch the tensor's bytes.
 HEADER_BUFFER = 64 * 2**10
-# A large tensor's bytes are read into it in ranged GETs of at most this many bytes, which bounds what the client
-# buffers ahead of the copy (s3torchconnector 1.5.0's S3ClientConfig has no read window or backpressure setting).
-# bench_checkpoint, 1 GB, 64 MiB tensors: restore peak RSS 1.18x the shard in 2 runs with 32 MiB, 1.20-1.26x with 64.
-READ_WINDOW = 32 * 2**20
+# A large tensor's bytes are read into it by ranged GETs of READ_WINDOW bytes, READ_STREAMS at a time: boto3's
+# managed download's part size and concurrency (boto3.s3.transfer.TransferConfig defaults), each GET's body copied
+# into the tensor as it comes (S3Storage.read_into). Was: the connector's client, one window at a time, which it
+# buffers ahead without limit (s3torchconnector 1.5.0's S3ClientConfig has no read window or backpressure
+# setting): bench_checkpoint 1 GB restore 0.56-0.60 of boto3 on s3s-fs with 32 MiB windows; several at a time
+# came near 0.8 but held 1.30-1.48x the shard.
+READ_WINDOW, READ_STREAMS = TransferConfig().multipart_chunksize, TransferConfig().max_request_concurrency
 
 
 def s3_client(rank: int) -> tuple[str, S3Client]:
@@ -89,52 +96,65 @@ class S3ShardReader(S3StorageReader):
     and reads whole runs of items in one stream that the client fills without limit. Here a tensor item larger than
     LARGE_TENSOR is located in its torch.save archive by loading it on the meta device, which reads only the headers
     and gives the storage's offset in the archive (``untyped_storage()._checkpoint_offset``, as torch 2.13.0's own
-    ``torch/distributed/checkpoint/_experimental/checkpoint_reader.py`` ``_partial_read`` does), then read into the
-    target in ranged GETs of READ_WINDOW. Items that cannot be copied as bytes (a target on a GPU, another dtype, a
-    non-contiguous slice, stream transforms) and the rest take DCP's own path through a READ_BUFFER range reader.
-    The bytes are taken as written: a checkpoint saved on a big-endian host would need torch.load's byte swap.
+    ``torch/distributed/checkpoint/_experimental/checkpoint_reader.py`` ``_partial_read`` does), then its bytes are
+    read into its target by ``storage`` (boto3) in windows of READ_WINDOW: locating and reading share one pool of
+    READ_STREAMS threads, so one tensor's headers are read while others' bytes come.
+    Items that cannot be copied as bytes (a target on a GPU, another dtype, a non-contiguous slice, stream
+    transforms) and the rest take DCP's own path through a READ_BUFFER range reader. The bytes are taken as written:
+    a checkpoint saved on a big-endian host would need torch.load's byte swap.
     """
 
-    def __init__(self, region: str, path: str, client: S3Client):
+    def __init__(self, region: str, path: str, client: S3Client, storage: S3Storage):
         buffered = S3ReaderConstructor.range_based(READ_BUFFER)
         super().__init__(region, path, reader_constructor=buffered)
         self.fs = S3FileSystem(region, s3_client=client, reader_constructor=buffered)
         self._headers_fs = S3FileSystem(region, s3_client=client,
                                         reader_constructor=S3ReaderConstructor.range_based(HEADER_BUFFER))
+        self.storage = storage
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        large: dict[str, list[ReadItem]] = {}
-        rest: list[ReadItem] = []
-        for item in plan.items:  # in offset order (S3StorageReader.prepare_local_plan)
-            stored = self.storage_data[item.storage_index]
-            if item.type == LoadItemType.TENSOR and stored.length > LARGE_TENSOR and not stored.transform_descriptors:
-                large.setdefault(stored.relative_path, []).append(item)
-            else:
-                rest.append(item)
-        for relative_path, items in large.items():
-            with self._headers_fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
-                rest += [item for item in items if not self._read_into_target(stream, item, planner)]
+        large = [item for item in plan.items if self._large(item)]
+        folder = self.path.removeprefix(self.storage.uri).strip("/")
+        read, reads = [], []
+        with ThreadPoolExecutor(READ_STREAMS, thread_name_prefix="dcp-read") as pool:
+            try:
+                locating = {pool.submit(self._locate, item, planner): item for item in large}
+                for located in as_completed(locating):
+                    if (found := located.result()) is None:
+                        continue
+                    target, relative_path, start = found
+                    read.append((locating[located], target))
+                    into = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+                    reads += [pool.submit(self.storage.read_into, folder, relative_path, start + at,
+                                          into[at:at + READ_WINDOW]) for at in range(0, len(into), READ_WINDOW)]
+                for window in reads:
+                    window.result()
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
+        for item, target in read:
+            planner.commit_tensor(item, target)
+        done = {id(item) for item, _ in read}
+        rest = [item for item in plan.items if id(item) not in done]  # in offset order, as DCP's reader wants them
         return super().read_data(dataclasses.replace(plan, items=rest), planner)
 
-    def _read_into_target(self, stream, item: ReadItem, planner: LoadPlanner) -> bool:
-        """Read ``item``'s bytes into its target and commit it; False (nothing read) if they cannot go as bytes."""
+    def _large(self, item: ReadItem) -> bool:
+        stored = self.storage_data[item.storage_index]
+        return item.type == LoadItemType.TENSOR and stored.length > LARGE_TENSOR and not stored.transform_descriptors
+
+    def _locate(self, item: ReadItem, planner: LoadPlanner) -> tuple[torch.Tensor, str, int] | None:
+        """``item``'s target, its file and the offset of its bytes there, read from its archive's headers through
+        a stream of its own; None if they cannot go as bytes."""
         target = planner.resolve_tensor(item).detach()
         if target.device.type != "cpu" or not target.is_contiguous():
-            return False
-        archive = self._slice_file(stream, self.storage_data[item.storage_index])
-        saved = torch.load(archive, map_location="meta", weights_only=True)
+            return None
+        stored = self.storage_data[item.storage_index]
+        with self._headers_fs.create_stream(self.fs.concat_path(self.path, stored.relative_path), "rb") as stream:
+            saved = torch.load(self._slice_file(stream, stored), map_location="meta", weights_only=True)
         source = narrow_tensor_by_index(saved, item.storage_offsets, item.lengths)
         offset = saved.untyped_storage()._checkpoint_offset
         as_bytes = (offset is not None and source.dtype == target.dtype and source.size() == target.size()
                     and source.is_contiguous())
         if not as_bytes:
-            return False
-        archive.seek(offset + source.storage_offset() * source.element_size())
-        into = memoryview(target.reshape(-1).view(torch.uint8).numpy())
-        for start in range(0, len(into), READ_WINDOW):
-            window = into[start:start + READ_WINDOW]
-            if archive.readinto(window) != len(window):
-                raise ValueError(f"{self.storage_data[item.storage_index].relative_path}: {item.storage_index.fqn} "
-                                 "ends before its tensor's bytes")
-        planner.commit_tensor(item, target)
-        return True
+            return None
+        return target, stored.relative_path, stored.offset + offset + source.storage_offset() * source.element_size()

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 T = TypeVar("T")
 MULTIPART_THRESHOLD = 8 * 2**20  # boto3's default
+READ_CHUNK = 2**20  # what read_into copies at a time: all it holds besides its target
 
 
 
@@ -285,6 +286,23 @@ class S3Storage:
             response = self._s3.get_object(Bucket=self.bucket, Key=self._key(_plain(name)))
             return response["Body"].read(), response["ETag"]
         return self._retry(f"get {name}", get)
+
+    def read_into(self, folder: str, name: str, start: int, into: memoryview) -> None:
+        """Bytes ``start`` to ``start + len(into)`` of the file ``name`` in the folder ``folder`` (a sharded
+        checkpoint's) into ``into``: one ranged GET, its body copied as it comes, retried whole (a connection dropped
+        mid-body too)."""
+        end, key = start + len(into) - 1, self._key(f"{_plain(folder)}/{_plain(name)}")
+
+        def get(_: int) -> None:
+            body = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")["Body"]
+            done = 0
+            with body:
+                for chunk in body.iter_chunks(READ_CHUNK):
+                    into[done:done + len(chunk)] = chunk
+                    done += len(chunk)
+            if done != len(into):
+                raise StorageError(f"{self.uri}: get {folder}/{name} bytes {start}-{end}: {done} bytes came")
+        self._retry(f"get {folder}/{name} bytes {start}-{end}", get)
 
     def put_if(self, name: str, data: bytes, etag: str | None) -> str:
         """A conditional PUT. A retry after a lost response finds its own write there (412): that is success."""
