@@ -30,7 +30,8 @@ def test_each_item_restores_bitwise_into_the_tensors_given_whichever_path_reads_
     given = dict(targets)
     proxy = FaultyProxy(local_aws.port)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(storage, 0), no_dist=True)
+    reading = S3Storage("ckpt", "run")  # its client through the proxy too
+    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(reading, 0), no_dist=True)
     proxy.close()
 
     stored = sum(item["Size"] for item in local_aws.client("s3").list_objects_v2(Bucket="ckpt")["Contents"])
@@ -55,11 +56,12 @@ def test_a_large_tensors_ranged_get_answered_500_is_retried_and_the_restore_is_b
     dcp.save(saved, checkpoint_id=checkpoint_id, storage_writer=storage_writer(storage, 0), no_dist=True)
 
     proxy = FaultyProxy(local_aws.port)
-    proxy.fail(b"Boto3/", nth=2, status=500, code="InternalError")  # the reader's own client: its ranged GETs only
+    proxy.fail(b"Boto3/", nth=2, status=500, code="InternalError")  # the storage's boto3 client: its ranged GETs
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
     targets = {"large": torch.zeros(large)}
     given = targets["large"]
-    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(storage, 0), no_dist=True)
+    reading = S3Storage("ckpt", "run")  # its client through the proxy too
+    dcp.load(targets, checkpoint_id=checkpoint_id, storage_reader=storage_reader(reading, 0), no_dist=True)
     proxy.close()
 
     assert proxy.failed_request is not None and b"range: bytes=" in proxy.failed_request.lower()

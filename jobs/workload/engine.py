@@ -126,9 +126,7 @@ def storage_reader(storage: Storage, rank: int):
         from gpuyard.jobs.workload.s3_dcp import S3ShardReader, s3_client
 
         region, client = s3_client(rank)
-        # a client of its own, made now: the endpoint and credentials the connector's client was just given
-        ranged = S3Storage(storage.bucket, storage.prefix, user_agent=f"gpuyard-rank/{rank}")
-        return S3ShardReader(region, storage.uri, client, ranged)
+        return S3ShardReader(region, storage.uri, client, storage)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemReader(storage.root)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
