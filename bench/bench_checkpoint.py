@@ -290,10 +290,11 @@ def main(argv: list[str]) -> None:
         report: dict = {label: {"skipped": reason} if (reason := unfit(size)) else measure(label, env)
                         for label, size in SIZES.items() if label in (labels or SIZES)}
     report["setup"] = {"world_size": 2, "launcher": "torchrun", "backend": "gloo", "endpoint": "moto_server" if args.server == "moto" else "s3s-fs 0.14.1",
-                       "transport": "ours: s3torchconnector 1.5.0 (saves, archive headers), boto3 ranged GETs into the tensors "
-                                    "(restores); plain: boto3 upload_fileobj/download_fileobj",
+                       "transport": "ours: s3torchconnector 1.5.0 (saves, archive headers), boto3 ranged GETs "
+                                    "into the tensors (restores); plain: boto3 upload_fileobj/download_fileobj",
                        "tensor_bytes": TENSOR_BYTES, "save_pairs": SAVE_PAIRS,
-                       "restore_best_of": REPEATS, "restore_baseline_best_of": REPEATS * REPEATS, "cpus": os.cpu_count()}
+                       "restore_best_of": REPEATS, "restore_baseline_best_of": REPEATS * REPEATS,
+                       "cpus": os.cpu_count()}
     sys.stdout.write(json.dumps(report, indent=2) + "\n")
 
 

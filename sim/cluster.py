@@ -134,11 +134,10 @@ class Sim:
                          self.kubeconfig, kubectl, self.supervisor)
             say(f"starting the S3 and STS endpoint on {realnode.GATEWAY}:{s3.PORT} with {config.checkpoint_bucket}")
             endpoint = s3.start(self.supervisor, realnode.GATEWAY, config)
+        # operators that run as pods go to the last real node: the CPU NodePool's when there is one (real_manifests)
+        in_pods = addons.RealNodes(images, real[-1]["metadata"]["name"], control.ports()["apiserver"]) if real else None
         context = addons.Context(self.state, bins, self.kubeconfig, control.pki, kubectl, self.supervisor,
-                                 pytorch_init_image=busybox,
-                                 real=addons.RealNodes(images, real[-1]["metadata"]["name"], control.ports()["apiserver"])
-                                 if real else None,
-                                 mpi_operator=self.mpi_operator)
+                                 pytorch_init_image=busybox, real=in_pods, mpi_operator=self.mpi_operator)
         for name, start in addons.STARTS.items():
             if name in bins:
                 say(f"starting {name}")

@@ -89,7 +89,8 @@ def manifests(module: Path, image: str, node: str, api_server: tuple[str, int]) 
     container |= {
         "image": image,
         "args": [*operators.KUBERAY_OPERATOR_ARGS, "--enable-leader-election=false"],
-        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}],
+        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": host},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)}],
         # memory as upstream's; no CPU (a limit alone would default the request to it)
         "resources": {kind: {"memory": container["resources"][kind]["memory"]} for kind in ("requests", "limits")},
     }

@@ -4,7 +4,8 @@ kwok runs no containers, so a RayCluster's head pod serves no dashboard. KubeRay
 ``http://<head service>.<namespace>.svc.<cluster domain>:8265/api/jobs/<id>`` with Go's default transport
 (ray-operator/controllers/ray/utils/util.go, GetRayDashboardClientFunc and FetchHeadServiceURL), which honours
 ``HTTP_PROXY``: a simulation without real nodes starts KubeRay with ``HTTP_PROXY`` pointing here (with real nodes,
-KubeRay runs in a pod and asks the real heads, sim/kuberay.py). A job runs from the first time it is asked about for as long as kwok runs a simulated training container (sim/kwok.py), then is STOPPED, never
+KubeRay runs in a pod and asks the real heads, sim/kuberay.py). A job runs from the first time it is asked about
+for as long as kwok runs a simulated training container (sim/kwok.py), then is STOPPED, never
 SUCCEEDED: no Ray job ran, and a stand-in never reports an outcome. STOPPED is terminal for KubeRay
 (ray-operator/apis/ray/v1/rayjob_types.go, IsJobTerminal), which then
 ends the RayJob and deletes its RayCluster (controllers/ray/rayjob_controller.go), freeing the nodes as a finished

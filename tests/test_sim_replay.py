@@ -202,9 +202,9 @@ def test_an_mpi_launcher_runs_only_while_its_whole_gang_does(sim):
     for team in ("nlp", "vision"):  # the jobs of this module's other replays: the same names, and their pods with them
         kubectl.run("delete", "mpijobs,jobs.batch.volcano.sh,pytorchjobs", "--all", "--namespace",
                     config.team(team).namespace, "--cascade=foreground", "--wait=true", timeout=180)
-    deadline = time.monotonic() + 120
+    deadline, jobs = time.monotonic() + 120, (("nlp", "nlp-0000"), ("vision", "vision-0001"))
     while any(_pods(kubectl, config.team(team).namespace, name, component)
-              for team, name in (("nlp", "nlp-0000"), ("vision", "vision-0001")) for component in ("launcher", "worker")):
+              for team, name in jobs for component in ("launcher", "worker")):
         assert time.monotonic() < deadline, "the module's earlier pods of the same jobs are still there"
         time.sleep(1)
     faults = {"nlp": {}, "vision": {}}

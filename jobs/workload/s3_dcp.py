@@ -42,7 +42,8 @@ HEADER_BUFFER = 64 * 2**10
 # buffers ahead without limit (s3torchconnector 1.5.0's S3ClientConfig has no read window or backpressure
 # setting): bench_checkpoint 1 GB restore 0.56-0.60 of boto3 on s3s-fs with 32 MiB windows; several at a time
 # came near 0.8 but held 1.30-1.48x the shard.
-READ_WINDOW, READ_STREAMS = TransferConfig().multipart_chunksize, TransferConfig().max_request_concurrency
+_TRANSFER = TransferConfig()
+READ_WINDOW, READ_STREAMS = _TRANSFER.multipart_chunksize, _TRANSFER.max_request_concurrency
 
 
 def s3_client(rank: int) -> tuple[str, S3Client]:
