@@ -83,8 +83,8 @@ def build_component(component: Component, say: Callable[[str], None]) -> Path:
             raise BuildError(f"go build {package} (in {component.module_dir}) failed:\n{tail}")
         seconds[name] = round(time.monotonic() - began, 1)
         say(f"built {name} in {seconds[name]:.0f}s")
-    record = {"component": component.name, "version": component.version, "seconds": round(time.monotonic() - started, 1),
-              "binaries": seconds}
+    record = {"component": component.name, "version": component.version, "recipe": component.recipe,
+              "seconds": round(time.monotonic() - started, 1), "binaries": seconds}
     (staging / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     shutil.rmtree(staging / "src", ignore_errors=True)
     shutil.rmtree(target, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,9 +29,12 @@ def bin_dir(component: str, version: str) -> Path:
 
 
 def built(component: Component) -> Path | None:
-    """The cache folder of ``component`` if a build finished there with every binary it now names."""
+    """The cache folder of ``component`` if a build of its present recipe finished there (a patch or a go.sum
+    changed since: None)."""
     directory = bin_dir(component.name, component.version)
-    complete = (directory / BUILD_RECORD).is_file() and all((directory / name).is_file() for name in component.binaries)
+    record = directory / BUILD_RECORD
+    complete = (record.is_file() and json.loads(record.read_text()).get("recipe") == component.recipe
+                and all((directory / name).is_file() for name in component.binaries))
     return directory if complete else None
 
 

@@ -6,6 +6,7 @@ version below and carries upstream's ``replace`` lines); the stack's Kubernetes 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,17 @@ class Component:
     @property
     def module_dir(self) -> Path:
         return GO_DIR / (self.module or self.name)
+
+    @property
+    def recipe(self) -> str:
+        """A digest of what makes its binaries besides the Go toolchain: its module's go.mod and go.sum, its main
+        packages, flags, tags and patches. A build of another recipe is not reused (sim/paths.py ``built``)."""
+        inputs = [(self.module_dir / name).read_bytes() for name in ("go.mod", "go.sum")]
+        inputs.append(repr((self.binaries, self.ldflags, self.tags, self.patches)).encode())
+        return hashlib.sha256(b"\0".join(inputs)).hexdigest()[:16]
+
+
+TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
 
 
 def kubernetes_tag(minor: str) -> str:
