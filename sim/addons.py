@@ -26,6 +26,7 @@ from gpuyard.sim.paths import claim, claimed_by
 from gpuyard.sim.processes import Supervisor, free_port
 from gpuyard.sim.registry import Registry
 from gpuyard.sim.upstream import documents, documents_in, module_dir
+from gpuyard.sim.versions import TRAINING_OPERATOR_MODULE
 from gpuyard.sim.webhooks import WEBHOOK_KINDS, served_locally, wait_listening
 
 WEBHOOK_READY_SECONDS = 60
@@ -245,8 +246,7 @@ def start_mpi_operator(context: Context) -> None:
 # refreshCertIfNeeded), injects the CA into the webhooks and waits for a tls.crt at
 # /tmp/k8s-webhook-server/serving-certs (a fixed path, ensureCertsMounted) before it serves; the webhook server
 # itself reads controller-runtime's default folder under $TMPDIR, which the simulation points into its state folder.
-# The webhook server binds every interface (webhook.Options sets only the port).
-TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+# The webhook server binds 127.0.0.1 (the build's patch, sim/versions.py: webhook.Options sets only the port).
 TRAINING_OPERATOR_SERVICE = "training-operator.kubeflow.svc"
 TRAINING_OPERATOR_CA = "training-operator-ca"  # pkg/cert/cert.go caName
 # pkg/cert/cert.go certDir, where the Pod mounts the Secret: the kubelet's part, played by the simulation

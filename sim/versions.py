@@ -90,9 +90,15 @@ def components(kubernetes_minor: str) -> tuple[Component, ...]:
         # v1.15.1 (the stack's chart) needs volcano.sh/apis v1.15.x, which the Go module proxy does not serve (403)
         Component("volcano", "v1.14.1", volcano),
         Component("mpi-operator", "v0.8.0", {"mpi-operator": "github.com/kubeflow/mpi-operator/cmd/mpi-operator"}),
+        # training-operator v1.9.4 cmd/training-operator.v1/main.go binds its webhook server to every interface
+        # (webhook.Options with a Port only): in a pod that is the pod's own address, here the host's, so the patch
+        # binds it to 127.0.0.1, where the API server calls it.
         Component(
             "training-operator", "v1.9.4",
-            {"training-operator": "github.com/kubeflow/training-operator/cmd/training-operator.v1"},
+            {"training-operator": "github.com/kubeflow/training-operator/cmd/training-operator.v1"}, patches=(
+                Patch(TRAINING_OPERATOR_MODULE, "cmd/training-operator.v1/main.go", "Port: webhookServerPort,",
+                      'Host: "127.0.0.1", Port: webhookServerPort,'),
+            ),
         ),
         Component("trainer", "v2.3.0", {
             "trainer-controller-manager": "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
