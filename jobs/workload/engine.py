@@ -14,9 +14,9 @@ On the storage (a local path or ``s3://bucket/prefix``), named by the global ste
 Readers trust only manifests: rank 0 takes the newest whose files are all present with their sizes and whose
 identity is this run's; every rank then reads just its part of it (DCP plans the reads from ``.metadata``, so a
 checkpoint written at another world size, or by FSDP shards, loads here: resharding). S3 goes through the S3
-Connector for PyTorch's DCP writer and reader (``s3torchconnector``: multipart uploads, ranged reads), subclassed in
-``s3_dcp`` to fail a save when any upload failed and to read large tensors straight into place; a local path
-through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not hashed: a shard of the right size
+Connector for PyTorch's DCP writer (``s3torchconnector``: multipart uploads), subclassed in ``s3_dcp`` to fail a
+save when any upload failed, and DCP's own reader on boto3's ranged GETs, reading large tensors straight into place;
+a local path through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not hashed: a shard of the right size
 whose bytes changed is not detected (its load fails, or it loads wrong values).
 """
 
@@ -121,12 +121,12 @@ def storage_writer(storage: Storage, rank: int, pinned: bool = False):
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
 
 
-def storage_reader(storage: Storage, rank: int):
+def storage_reader(storage: Storage):
+    """DCP's reader for ``storage``; its ``checkpoint_id`` is set per load (``dcp.load(checkpoint_id=...)``)."""
     if isinstance(storage, S3Storage):
-        from gpuyard.jobs.workload.s3_dcp import S3ShardReader, s3_client
+        from gpuyard.jobs.workload.s3_dcp import S3ShardReader
 
-        region, client = s3_client(rank)
-        return S3ShardReader(region, storage.uri, client, storage)
+        return S3ShardReader(storage.uri, storage)
     if isinstance(storage, LocalStorage):
         return dcp.FileSystemReader(storage.root)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")

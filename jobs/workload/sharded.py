@@ -162,7 +162,7 @@ class ShardedCheckpointManager:
         try:
             dcp.load(state,
                      checkpoint_id=self.checkpointer.checkpoint_id(manifest["step"]),
-                     storage_reader=storage_reader(self.checkpointer.storage, self.env.rank),
+                     storage_reader=storage_reader(self.checkpointer.storage),
                      process_group=self.group, no_dist=self._no_dist)
         except (Exception, CheckpointException) as error:  # names each rank that failed, on every rank
             raise ResumeFailed(f"could not load {name}, the checkpoint rank 0 chose: {_first_line(error)}") from None

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 T = TypeVar("T")
 MULTIPART_THRESHOLD = 8 * 2**20  # boto3's default
-READ_CHUNK = 2**20  # what read_into copies at a time: all it holds besides its target
+READ_CHUNK = 2**20  # what read_at copies at a time: all it holds besides its target
 
 
 
@@ -289,20 +289,36 @@ class S3Storage:
 
     def read_into(self, folder: str, name: str, start: int, into: memoryview) -> None:
         """Bytes ``start`` to ``start + len(into)`` of the file ``name`` in the folder ``folder`` (a sharded
-        checkpoint's) into ``into``: one ranged GET, its body copied as it comes, retried whole (a connection dropped
-        mid-body too)."""
+        checkpoint's) into ``into``; StorageError if the file ends before."""
+        if (count := self.read_at(folder, name, start, into)) != len(into):
+            raise StorageError(f"{self.uri}: get {folder}/{name} bytes {start}-{start + len(into) - 1}: "
+                               f"the file ends after {count}")
+
+    def read_at(self, folder: str, name: str, start: int, into: memoryview) -> int:
+        """Up to ``len(into)`` bytes of the file ``name`` in the folder ``folder`` from ``start`` into ``into``, and
+        how many: fewer only where the file ends (0 from its end on). One ranged GET, its body copied as it comes,
+        retried whole (a connection dropped mid-body too)."""
+        from botocore.exceptions import ClientError
+
         end, key = start + len(into) - 1, self._key(f"{_plain(folder)}/{_plain(name)}")
 
-        def get(_: int) -> None:
-            body = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")["Body"]
-            done = 0
-            with body:
+        def get(_: int) -> int:
+            try:
+                response = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "InvalidRange":  # 416: start is past the end
+                    return 0
+                raise
+            expected, done = response["ContentLength"], 0  # its body is that long, or botocore raises
+            if expected > len(into):
+                raise StorageError(f"{self.uri}: get {folder}/{name} bytes {start}-{end}: {expected} bytes came")
+            body = response["Body"]
+            with body:  # not ``as``: a StreamingBody enters as its raw urllib3 response
                 for chunk in body.iter_chunks(READ_CHUNK):
                     into[done:done + len(chunk)] = chunk
                     done += len(chunk)
-            if done != len(into):
-                raise StorageError(f"{self.uri}: get {folder}/{name} bytes {start}-{end}: {done} bytes came")
-        self._retry(f"get {folder}/{name} bytes {start}-{end}", get)
+            return done
+        return self._retry(f"get {folder}/{name} bytes {start}-{end}", get)
 
     def put_if(self, name: str, data: bytes, etag: str | None) -> str:
         """A conditional PUT. A retry after a lost response finds its own write there (412): that is success."""
