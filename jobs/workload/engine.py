@@ -16,8 +16,8 @@ identity is this run's; every rank then reads just its part of it (DCP plans the
 checkpoint written at another world size, or by FSDP shards, loads here: resharding). S3 goes through the S3
 Connector for PyTorch's DCP writer (``s3torchconnector``: multipart uploads), subclassed in ``s3_dcp`` to fail a
 save when any upload failed, and DCP's own reader on boto3's ranged GETs, reading large tensors straight into place;
-a local path through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not hashed: a shard of the right size
-whose bytes changed is not detected (its load fails, or it loads wrong values).
+a local path through DCP's own ``FileSystemWriter``/``FileSystemReader`` (fsync'd). Data is not hashed: a shard of
+the right size whose bytes changed is not detected (its load fails, or it loads wrong values).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
@@ -108,17 +109,29 @@ def shard_sizes(metadata: Metadata) -> dict[str, int]:
     return sizes
 
 
-def storage_writer(storage: Storage, rank: int, pinned: bool = False):
-    """DCP's writer for ``storage``; its ``checkpoint_id`` is set per save (``dcp.async_save(checkpoint_id=...)``).
-    ``pinned`` keeps one staging copy in pinned memory across saves (with a GPU)."""
+def storage_writer(storage: Storage, rank: int):
+    """DCP's writer for ``storage``; its ``checkpoint_id`` is set per save (``dcp.async_save(checkpoint_id=...)``)."""
     if isinstance(storage, S3Storage):
         from gpuyard.jobs.workload.s3_dcp import S3ShardWriter, s3_client
 
         region, client = s3_client(rank)
-        return S3ShardWriter(region, storage.uri, client, S3_WRITE_STREAMS, cache_staged_state_dict=pinned)
+        return S3ShardWriter(region, storage.uri, client, S3_WRITE_STREAMS)
     if isinstance(storage, LocalStorage):
-        return dcp.FileSystemWriter(storage.root, sync_files=True, cache_staged_state_dict=pinned)
+        return dcp.FileSystemWriter(storage.root, sync_files=True)
     raise StorageError(f"{storage.uri}: sharded checkpoints need a local path or s3://")
+
+
+def kept_stager() -> DefaultStager:
+    """What stages a save (the copy ``async_save`` makes on the training thread): DCP's ``DefaultStager``, which
+    copies each tensor into a host copy it keeps for that tensor's storage from one save to the next (torch 2.13.0
+    torch/distributed/checkpoint/_state_dict_stager.py ``_offload_storage``), pinned where there is a GPU, staged
+    synchronously. The writers' own staging kept a copy only pinned, which needs a GPU
+    (``BlockingAsyncStager(cache_staged_state_dict=True)``); otherwise it allocated a new one every save, whose pages
+    the kernel faults in and zeroes each time. Host memory holds the state twice from the first save on, as every
+    save does while it runs; the manager stages only once the previous save is written."""
+    gpu = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=False))
 
 
 def storage_reader(storage: Storage):

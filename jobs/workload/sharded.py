@@ -1,7 +1,8 @@
 """The CheckpointManager of sharded checkpoints (``--checkpoint-format sharded``, and always under FSDP).
 
 The same contract as ``manager.CheckpointManager``, with every rank writing: ``save`` is a collective in which
-each rank hands its own part to DCP's ``async_save`` (staged on the training thread: a copy to host memory;
+each rank hands its own part to DCP's ``async_save`` (staged on the training thread: a copy to host memory, kept
+from one save to the next;
 written on a thread; collectives of the save on a process group of its own, so they never interleave with
 training's); rank 0 publishes the manifest once the save returned there. ``load``: rank 0 chooses the newest
 checkpoint whose files are all there, every rank loads exactly that one with DCP (each reading only the items
@@ -25,7 +26,8 @@ from gpuyard.jobs.workload.checkpoint import (CorruptCheckpoint, IdentityMismatc
                                        probe_upload_seconds, save_estimate)
 from gpuyard.jobs.workload import dist as launcher
 from gpuyard.jobs.workload.dist import DistEnv
-from gpuyard.jobs.workload.engine import ModelState, OptimizerState, ShardedCheckpointer, storage_reader, storage_writer
+from gpuyard.jobs.workload.engine import (ModelState, OptimizerState, ShardedCheckpointer, kept_stager, storage_reader,
+                                          storage_writer)
 from gpuyard.jobs.workload.manager import ResumeFailed, Resumed, SaveSchedule
 from gpuyard.jobs.workload.storage import StorageError
 
@@ -67,7 +69,8 @@ class ShardedCheckpointManager:
         # a group of its own: the save's collectives run on its thread while training's run on the main group
         self.group = dist.new_group(backend="gloo") if checkpointer and distributed else None
         self._no_dist = not distributed
-        self._writer = storage_writer(checkpointer.storage, env.rank, torch.cuda.is_available()) if checkpointer else None
+        self._writer = storage_writer(checkpointer.storage, env.rank) if checkpointer else None
+        self._stager = kept_stager() if checkpointer else None
 
     @property
     def publishes(self) -> bool:
@@ -105,7 +108,7 @@ class ShardedCheckpointManager:
         started = time.perf_counter()
         future = dcp.async_save({STEP: step, **self._statefuls(range(self.env.world_size))},
                                 checkpoint_id=self.checkpointer.checkpoint_id(step), storage_writer=self._writer,
-                                process_group=self.group, no_dist=self._no_dist)
+                                async_stager=self._stager, process_group=self.group, no_dist=self._no_dist)
         self.last_blocked_seconds = time.perf_counter() - started
         self._saving.start(self._finish_save, step, future, started, details)
         return True
