@@ -109,6 +109,11 @@ def _manager(label: str, env):
     return ShardedCheckpointManager(checkpointer, SaveSchedule(1), env, replicated=False)
 
 
+def median_index(ratios: list[float]) -> int:
+    """The index of the median pair's ratio (the upper one of an even count)."""
+    return sorted(range(len(ratios)), key=lambda index: ratios[index])[len(ratios) // 2]
+
+
 @dataclass(frozen=True)
 class Timed:
     """One timed call: seconds from a barrier to the last rank done, CPU seconds of both ranks and of the S3 server."""
@@ -171,7 +176,7 @@ def worker(mode: str, label: str) -> None:
         if env.is_main and manager.durable_step != SAVE_PAIRS:
             raise SystemExit(f"bench: the save of {label} was not published")
         ratios = [theirs.wall_s / mine.wall_s for theirs, mine in zip(plain, ours)]
-        median = sorted(range(SAVE_PAIRS), key=lambda index: ratios[index])[SAVE_PAIRS // 2]
+        median = median_index(ratios)
         result = {"save": ours[median], "boto3_save": plain[median], "blocked_s": blocked[median],
                   "save_ratios": ratios}
     else:
@@ -213,7 +218,7 @@ def measure(label: str, env: dict[str, str]) -> dict:
     mb = SIZES[label] / 2**20
     save, boto3_save = saved["save"], saved["boto3_save"]
     restore_ratios = [r["boto3_restore"]["wall_s"] / r["restore"]["wall_s"] for r in restores]
-    median = restores[sorted(range(RESTORE_PAIRS), key=lambda index: restore_ratios[index])[RESTORE_PAIRS // 2]]
+    median = restores[median_index(restore_ratios)]
     restore, boto3_restore = median["restore"], median["boto3_restore"]
     rss = [max(per_rank) for per_rank in zip(*(r["restore_rss_vs_shard_per_rank"] for r in restores))]
     return {
