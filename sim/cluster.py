@@ -19,7 +19,7 @@ from gpuyard.sim.build import build_all, build_component
 from gpuyard.sim.controlplane import ControlPlane
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.paths import bin_dir, claim, claimed_by, state_dir
-from gpuyard.sim.processes import Supervisor
+from gpuyard.sim.processes import Supervisor, signals_held
 from gpuyard.sim.versions import kubernetes_tag, node_components, tools
 
 READY = "ready"  # written into the state folder once everything started
@@ -168,11 +168,10 @@ class Sim:
         if not (self.state.exists() or self.state.is_symlink()):
             return
         self._refuse_foreign()
-        self.supervisor.stop_all()
-        netpol.stop_all(self.state)
-        realnode.stop_all(self.state)
-        addons.remove_outside_folders(self.state)
-        shutil.rmtree(self.state)
+        with signals_held():
+            _stop_everything(self)
+            addons.remove_outside_folders(self.state)
+            shutil.rmtree(self.state)
 
     def _refuse_foreign(self) -> None:
         """NotOurs if the state folder is there but `up` did not make it (a name pointing elsewhere, a copy)."""
@@ -232,6 +231,14 @@ def _wait_for_irsa(kubectl: Kubectl, team) -> None:
         time.sleep(0.5)
 
 
+def _stop_everything(sim: Sim) -> None:
+    """Every server, then the real nodes' rules, shims, containers, bridge and cgroups (no servers of the
+    supervisor's). The caller holds signals back: a second one must not cut this short."""
+    sim.supervisor.stop_all()
+    netpol.stop_all(sim.state)
+    realnode.stop_all(sim.state)
+
+
 @contextmanager
 def _stopped_on_signal(sim: Sim) -> Iterator[None]:
     """While starting, SIGTERM/SIGINT (or any failure) stops what was started; the logs stay for a look."""
@@ -242,9 +249,8 @@ def _stopped_on_signal(sim: Sim) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        sim.supervisor.stop_all()
-        netpol.stop_all(sim.state)
-        realnode.stop_all(sim.state)  # a real node's shims and containers are no server of the supervisor's
+        with signals_held():
+            _stop_everything(sim)
         raise
     finally:
         for sig, handler in previous.items():

@@ -9,9 +9,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 PIDS = "pids.json"
 STOP_GRACE_SECONDS = 10
@@ -33,6 +34,17 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back for the block, then delivered: a second Ctrl-C or SIGTERM cannot cut a
+    cleanup short and leave part of it (a server, a chain, a bridge) behind."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 @dataclass(frozen=True)
@@ -89,8 +101,7 @@ class Supervisor:
         A second Ctrl-C or SIGTERM waits until this is done (it is held back, then delivered), so it cannot leave a
         server running."""
         pids = self.pids()
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-        try:
+        with signals_held():
             for pid in reversed(list(pids.values())):
                 _signal_group(pid, signal.SIGTERM)
             _wait_gone(pids.values(), STOP_GRACE_SECONDS)
@@ -98,8 +109,6 @@ class Supervisor:
                 _signal_group(pid, signal.SIGKILL)
             _wait_gone(pids.values(), KILL_WAIT_SECONDS)  # a killed process still exits: return once it has
             (self.state / PIDS).unlink(missing_ok=True)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def zombie(pid: int) -> bool:
