@@ -204,20 +204,6 @@ def test_a_trainer_exiting_1_fails_the_rayjob_and_nothing_runs_it_again(rays):
     assert _events(logs, "nonfinite") and "running the trainer again" not in logs, logs[-3000:]
 
 
-def _submitter_ended(rays: Rays, name: str) -> dict:
-    """Wait until the RayJob ``name``'s submitter pod ended (it follows the Ray job's logs to its end); the RayJob's
-    last status, which must never be Complete meanwhile."""
-    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-    while True:
-        status = rays.kubectl.get("rayjob", name, NAMESPACE).get("status") or {}
-        assert status.get("jobDeploymentStatus") != "Complete", status
-        phases = {p["status"].get("phase") for p in _component(_pods(rays.kubectl, name), "submitter")}
-        if phases & {"Succeeded", "Failed"}:
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(3)
-
-
 def _failed_asks(rays: Rays, operator: dict) -> list[str]:
     """KubeRay's log lines saying it could not ask a head's dashboard about the RayJob UNREACHED."""
     log = rays.kubectl.run("logs", operator["metadata"]["name"], "-n", KUBERAY_NAMESPACE)
@@ -233,9 +219,11 @@ def _touch(rays: Rays, value: str) -> None:
 def test_kuberay_runs_in_its_namespace_and_reaches_a_head_only_as_the_teams_network_policy_lets_it(rays):
     """KubeRay's operator is a pod of the stack's KubeRay namespace on the real node (sim/kuberay.py), so the team's
     default-deny ingress decides its requests to a head's dashboard as on EKS. With `allow-kuberay-operator` removed,
-    the Ray job still runs (the submitter, in the team's namespace, reaches the head) but KubeRay cannot ask the
-    dashboard for it and the RayJob stays Running after the job ended; with the policy back the same RayJob
-    completes as SUCCEEDED."""
+    the Ray job runs (the submitter, in the team's namespace, reaches the head: it publishes checkpoints) but KubeRay
+    cannot ask the dashboard about it, so the RayJob never learns that it runs; with the policy back before the job
+    ends, the same RayJob completes as SUCCEEDED. (Left unreached, KubeRay fails a RayJob 30 s after its submitter
+    ended, ray-operator v1.6.0 controllers/ray/rayjob_controller.go ``DefaultSubmitterFinishedTimeout``: a slow CI run
+    met that when this test waited for the job's end before putting the policy back.)"""
     [operator] = rays.kubectl.items("pods", KUBERAY_NAMESPACE, "app.kubernetes.io/component=kuberay-operator")
     assert operator["status"]["phase"] == "Running" and operator["spec"]["nodeName"] == CPU_NODE, operator["status"]
     policy = rays.kubectl.get("networkpolicy", KUBERAY_POLICY, NAMESPACE)
@@ -245,9 +233,7 @@ def test_kuberay_runs_in_its_namespace_and_reaches_a_head_only_as_the_teams_netw
     rays.kubectl.run("delete", "networkpolicy", KUBERAY_POLICY, "-n", NAMESPACE)
     try:
         rays.submit(UNREACHED, rays.trainer_args(UNREACHED))
-        _submitter_ended(rays, UNREACHED)
-        _, logs = _submitter_logs(rays.kubectl, UNREACHED)
-        assert _events(logs, "done"), logs[-3000:]  # the Ray job ran to its end: the head's dashboard answers
+        _first_manifest(rays, UNREACHED)  # the Ray job trains: the head's dashboard answered the submitter
         before = _failed_asks(rays, operator)
         _touch(rays, "unreached")  # KubeRay asks again now, not after its backoff from the failed asks
         time.sleep(10)
@@ -255,7 +241,7 @@ def test_kuberay_runs_in_its_namespace_and_reaches_a_head_only_as_the_teams_netw
         assert len(after) > len(before) and ":8265/api/jobs/" in after[-1], after[-3:]
         status = rays.kubectl.get("rayjob", UNREACHED, NAMESPACE)["status"]
         assert status.get("jobDeploymentStatus") == "Running", status
-        assert status.get("jobStatus", "") not in ("SUCCEEDED", "FAILED", "STOPPED"), status
+        assert status.get("jobStatus", "") not in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"), status
     finally:
         rays.kubectl.apply([kept])
     _touch(rays, "restored")
