@@ -14,8 +14,8 @@ For each total size (each rank holds half, as its own shard: what FSDP gives a r
   same number of raw bytes with boto3's managed multipart upload (``upload_fileobj``, its defaults), both ranks
   at once; ratio of MB/s (above 1: ours is faster). Wall time from a barrier to the last rank done.
 - ``restore_vs_boto3``: ``manager.load()`` (rank 0 chooses and checks the manifest, every rank reads its part into
-  its tensors: each large tensor's bytes by boto3 ranged GETs, the rest through DCP's reader on boto3 too) in a fresh
-  process per rank, against each rank's ``download_fileobj`` of its raw bytes.
+  its tensors: each large tensor's bytes by boto3 ranged GETs, the rest through DCP's reader on boto3 too) against
+  each rank's ``download_fileobj`` of its raw bytes, each in fresh processes.
 - ``blocked_fraction``: the time ``save`` holds the training thread (staging: a copy to host memory) over the
   whole save's time.
 - ``restore_rss_vs_shard``: a rank's peak RSS rise over the restore, from after its checkpoint manager (and S3
@@ -23,9 +23,10 @@ For each total size (each rank holds half, as its own shard: what FSDP gives a r
 
 Saves run in ``SAVE_PAIRS`` pairs, boto3's then ours, and the ratio is the median pair's (with the lowest and highest
 in ``save_vs_boto3_range``): on 2 shared cores one pair's ratio moved from 0.65 to 1.02 within one run (2026-12-05,
-beside a simulated cluster), more than the gap measured. Restores run in ``RESTORE_PAIRS`` pairs too, each in fresh
-processes (ours first, for its RSS, then boto3's download): the median pair's ratio with the range, the highest RSS.
-(Before, the best of 2 of ours against the best of 4 of boto3's: a measure that favoured boto3.) ``cpu_s`` says where
+beside a simulated cluster), more than the gap measured. Restores run in ``RESTORE_PAIRS`` pairs too, ours and boto3's
+download each in processes of its own, by turns first: the median pair's ratio with the range, the highest RSS.
+(Before, 3 pairs, ours first, then boto3's in the same processes; before that, the best of 2 of ours against the best
+of 4 of boto3's, which favoured boto3.) ``cpu_s`` says where
 the cores went (both ranks' CPU seconds, the server's, the wall time) for the median pairs. Sizes that do not fit
 this machine are reported as skipped with the reason.
 """
@@ -47,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-BUCKET, RESTORE_PAIRS, SAVE_PAIRS, TENSOR_BYTES = "bench", 3, 5, 64 * 2**20
+BUCKET, RESTORE_PAIRS, SAVE_PAIRS, TENSOR_BYTES = "bench", 5, 5, 64 * 2**20
 SERVER_PID = "BENCH_SERVER_PID"  # the moto_server whose CPU time each measurement reads
 SIZES = {"64MB": 64 * 2**20, "1GB": 2**30, "4GB": 4 * 2**30}
 # What a size needs here, each a multiple of it: memory for every rank's shard, its staging copy and the boto3
@@ -148,7 +149,8 @@ def _rss_bytes() -> int:
 
 
 def worker(mode: str, label: str) -> None:
-    """One rank under torchrun: ``save`` or ``restore`` the shard of ``label``; rank 0 prints one JSON line."""
+    """One rank under torchrun: ``save`` the shard of ``label`` (and boto3's upload of its bytes), ``restore`` it, or
+    ``download`` boto3's copy of its bytes; rank 0 prints one JSON line."""
     import boto3
 
     from gpuyard.jobs.workload import dist
@@ -179,7 +181,7 @@ def worker(mode: str, label: str) -> None:
         median = median_index(ratios)
         result = {"save": ours[median], "boto3_save": plain[median], "blocked_s": blocked[median],
                   "save_ratios": ratios}
-    else:
+    elif mode == "restore":
         manager = _manager(label, env)  # as a trainer does at its start: the S3 client and its buffers exist before
         baseline = _rss_bytes()
         shard = Shard({name: torch.empty(count) for name, count in shapes.items()})
@@ -189,11 +191,12 @@ def worker(mode: str, label: str) -> None:
         expected = filled(shapes, env.rank)
         if not all(torch.equal(shard.tensors[name], expected[name]) for name in shapes):
             raise SystemExit(f"bench: rank {env.rank} restored other values")
-        del expected
-        plain = _timed(lambda: s3.download_fileobj(BUCKET, f"plain-{label}-{env.rank}", io.BytesIO()))
         rises = [None] * env.world_size
         torch.distributed.all_gather_object(rises, rise / shard_bytes)
-        result = {"restore": restored, "boto3_restore": plain, "restore_rss_vs_shard_per_rank": rises}
+        result = {"restore": restored, "restore_rss_vs_shard_per_rank": rises}
+    else:
+        result = {"boto3_restore": _timed(lambda: s3.download_fileobj(BUCKET, f"plain-{label}-{env.rank}",
+                                                                      io.BytesIO()))}
     if env.is_main:
         sys.stdout.write(json.dumps(result, default=vars) + "\n")
     dist.destroy_process_group()
@@ -214,7 +217,10 @@ def _run(mode: str, label: str, env: dict[str, str]) -> dict:
 
 
 def measure(label: str, env: dict[str, str]) -> dict:
-    saved, restores = _run("save", label, env), [_run("restore", label, env) for _ in range(RESTORE_PAIRS)]
+    saved, restores = _run("save", label, env), []
+    for pair in range(RESTORE_PAIRS):  # ours and boto3's download each in a fresh process, by turns first
+        order = ("restore", "download") if pair % 2 == 0 else ("download", "restore")
+        restores.append({key: value for mode in order for key, value in _run(mode, label, env).items()})
     mb = SIZES[label] / 2**20
     save, boto3_save = saved["save"], saved["boto3_save"]
     restore_ratios = [r["boto3_restore"]["wall_s"] / r["restore"]["wall_s"] for r in restores]
