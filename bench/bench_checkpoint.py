@@ -52,10 +52,12 @@ BUCKET, RESTORE_PAIRS, SAVE_PAIRS, TENSOR_BYTES = "bench", 5, 5, 64 * 2**20
 SERVER_PID = "BENCH_SERVER_PID"  # the moto_server whose CPU time each measurement reads
 SIZES = {"64MB": 64 * 2**20, "1GB": 2**30, "4GB": 4 * 2**30}
 # What a size needs here, each a multiple of it: memory for every rank's shard, its staging copy and the boto3
-# baseline's raw bytes (3x, the 2 ranks together); disk for moto, which keeps every object above about 5 MiB and every
-# multipart part in a temporary file (moto 5.2.5 s3/models.py: SpooledTemporaryFile,
-# MOTO_S3_DEFAULT_KEY_BUFFER_SIZE): 2 saves, the baseline and the parts in flight (4x)
-MEMORY_TIMES, DISK_TIMES, SPARE = 3, 4, 2 * 2**30
+# baseline's raw bytes (3x, the 2 ranks together); disk for the server's files (moto keeps every object above about
+# 5 MiB and every multipart part in a temporary file, moto 5.2.5 s3/models.py: SpooledTemporaryFile,
+# MOTO_S3_DEFAULT_KEY_BUFFER_SIZE; s3s-fs writes the parts, then the whole object): the 3 checkpoints the manager
+# keeps, the baseline's object, and its next upload's parts and whole object beside them (6x). Was 4x: a 4 GB run
+# against s3s-fs with 25 GB free failed in its fourth pair (InternalError on an UploadPart: the disk was full).
+MEMORY_TIMES, DISK_TIMES, SPARE = 3, 6, 2 * 2**30
 
 
 def unfit(size: int) -> str | None:
