@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,12 +40,27 @@ def alive(pid: int) -> bool:
 @contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP held back for the block, then delivered: a second Ctrl-C or SIGTERM cannot cut a
-    cleanup short and leave part of it (a server, a chain, a bridge) behind."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    cleanup short and leave part of it (a server, a chain, a bridge) behind.
+
+    On the main thread their handlers are swapped for ones that note them (blocking them there would not do: the
+    kernel hands a signal to any thread that does not block it, and Python runs its handler on the main thread
+    anyway; pytest's workers have such threads); on another thread, which cannot set handlers, they are blocked."""
+    if threading.current_thread() is not threading.main_thread():
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in HELD_SIGNALS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,19 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuyard.sim.processes import STOP_GRACE_SECONDS, alive
 
 # Ctrl-C raises KeyboardInterrupt as in a terminal, even when the test runs where SIGINT is inherited ignored
 # (a background job of a non-interactive shell), which Python would keep ignoring
 STOPPER = """
-import signal, sys, time
+import signal, sys, threading, time
 from pathlib import Path
 from gpuyard.sim.processes import Supervisor
 signal.signal(signal.SIGINT, signal.default_int_handler)
+if sys.argv[3] == "threaded":  # as in pytest's workers: the kernel may hand the signal to this thread
+    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
 supervisor = Supervisor(Path(sys.argv[1]))
 supervisor.start("stubborn", [sys.executable, "-c", sys.argv[2]])
 while "up" not in (supervisor.logs / "stubborn.log").read_text():
@@ -28,9 +32,10 @@ supervisor.stop_all()
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
 
 
-def test_a_second_interrupt_while_stopping_still_leaves_no_server(tmp_path: Path):
-    stopper = subprocess.Popen([sys.executable, "-c", STOPPER, str(tmp_path), STUBBORN], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("threads", ["single", "threaded"])
+def test_a_second_interrupt_while_stopping_still_leaves_no_server(tmp_path: Path, threads: str):
+    stopper = subprocess.Popen([sys.executable, "-c", STOPPER, str(tmp_path), STUBBORN, threads],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert stopper.stdout.readline() == "stopping\n"
     pid = json.loads((tmp_path / "pids.json").read_text())["stubborn"]
     time.sleep(1)  # inside stop_all: the stubborn server ignores SIGTERM, the grace period runs
