@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gpuyard.infra.config import load_stack
+from gpuyard.infra.signals import signals_deferred
 from gpuyard.sim import (addons, coredns, irsa, karpenter, kwok, monitoring, netpol, nodes, pause, realnode, registry, s3,
                          stack)
 from gpuyard.sim.build import build_all, build_component
 from gpuyard.sim.controlplane import ControlPlane
 from gpuyard.sim.kube import Kubectl, KubectlError
 from gpuyard.sim.paths import bin_dir, claim, claimed_by, state_dir
-from gpuyard.sim.processes import Supervisor, signals_held
+from gpuyard.sim.processes import Supervisor
 from gpuyard.sim.versions import kubernetes_tag, node_components, tools
 
 READY = "ready"  # written into the state folder once everything started
@@ -168,7 +169,7 @@ class Sim:
         if not (self.state.exists() or self.state.is_symlink()):
             return
         self._refuse_foreign()
-        with signals_held():
+        with signals_deferred():
             _stop_everything(self)
             addons.remove_outside_folders(self.state)
             shutil.rmtree(self.state)
@@ -249,7 +250,7 @@ def _stopped_on_signal(sim: Sim) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        with signals_held():
+        with signals_deferred():
             _stop_everything(sim)
         raise
     finally:

@@ -8,17 +8,16 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuyard.infra.signals import signals_deferred
 
 PIDS = "pids.json"
 STOP_GRACE_SECONDS = 10
 KILL_WAIT_SECONDS = 5
-HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def free_port() -> int:
@@ -35,32 +34,6 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP held back for the block, then delivered: a second Ctrl-C or SIGTERM cannot cut a
-    cleanup short and leave part of it (a server, a chain, a bridge) behind.
-
-    On the main thread their handlers are swapped for ones that note them (blocking them there would not do: the
-    kernel hands a signal to any thread that does not block it, and Python runs its handler on the main thread
-    anyway; pytest's workers have such threads); on another thread, which cannot set handlers, they are blocked."""
-    if threading.current_thread() is not threading.main_thread():
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in HELD_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for signum in dict.fromkeys(caught):
-            signal.raise_signal(signum)
 
 
 @dataclass(frozen=True)
@@ -117,7 +90,7 @@ class Supervisor:
         A second Ctrl-C or SIGTERM waits until this is done (it is held back, then delivered), so it cannot leave a
         server running."""
         pids = self.pids()
-        with signals_held():
+        with signals_deferred():
             for pid in reversed(list(pids.values())):
                 _signal_group(pid, signal.SIGTERM)
             _wait_gone(pids.values(), STOP_GRACE_SECONDS)
